@@ -1,0 +1,431 @@
+"""Compression operators Q for model deltas, with compact byte layouts.
+
+Every codec maps a flat float32 vector to an :class:`Encoded` (payload bytes plus one float32
+scale per block) and back. Quantization runs on the device the vector lives on; only the final
+bytes cross to the host. The sender keeps the decoded value that :meth:`Codec.compress` returns,
+which is bit-identical to what a receiver gets from :meth:`Codec.decode`: both are made by the same
+dequantization of the same codes, which is what keeps replicas bit-identical to the sender's
+public copy.
+
+Layouts (n values, block size B, nb = ceil(n / B) blocks, values zero-padded to nb * B):
+
+========  ===================================  ==========================================
+codec     scales (nb float32, little-endian)   data
+========  ===================================  ==========================================
+fp32      none                                 n float32 (exact; alias ``none``)
+fp16      block absmax                         nb*B float16 of x / scale
+int8      block absmax / 127                   nb*B int8 in [-127, 127]
+int4      block absmax / 7                     nb*B/2 bytes; value + 8 in [1, 15], low nibble first
+sign      block mean |x|                       nb*B/8 bytes; bit k of byte j is x[8j+k] >= 0
+========  ===================================  ==========================================
+
+fp16, int8 and int4 round stochastically, so ``E[decode(encode(x))] = x`` (unbiased). The
+1-bit codec is the scaled sign of Karimireddy et al. (2019), biased but contractive
+(``||C(x) - x||^2 <= (1 - 1/B) ||x||^2`` per block), which CHOCO-SGD (Koloskova et al. 2019, §3)
+admits: its error feedback makes up for the bias.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+__all__ = [
+    "CODECS",
+    "Codec",
+    "CodecError",
+    "Compressed",
+    "Encoded",
+    "NonFiniteError",
+    "get_codec",
+    "tensor_from_bytes",
+    "tensor_to_bytes",
+]
+
+
+class CodecError(ValueError):
+    """An encoded tensor that does not match its codec's layout, or input a codec refuses."""
+
+
+class NonFiniteError(CodecError):
+    """The input holds NaN or infinity; nothing was encoded."""
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A compressed flat vector as it travels: the codec's name, its geometry and its bytes."""
+
+    codec: str
+    numel: int
+    block_size: int
+    scales: bytes
+    data: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.scales) + len(self.data)
+
+
+@dataclass(frozen=True)
+class Compressed:
+    """What the sender keeps: the encoding and its decoded value (on the input's device)."""
+
+    encoded: Encoded
+    value: torch.Tensor
+
+
+def tensor_to_bytes(t: torch.Tensor) -> bytes:
+    """Raw little-endian bytes of a tensor (moved to the host first)."""
+    return t.detach().contiguous().cpu().numpy().tobytes()
+
+
+def tensor_from_bytes(
+    data: bytes | bytearray | memoryview, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """A writable tensor holding a copy of ``data`` interpreted as ``dtype``."""
+    # torch refuses read-only buffers (with a warning); a bytearray is one copy and writable.
+    t = torch.frombuffer(bytearray(data), dtype=dtype) if len(data) else torch.empty(0, dtype=dtype)
+    return t.to(device)
+
+
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _n_blocks(numel: int, block_size: int) -> int:
+    return max(1, math.ceil(numel / block_size)) if numel else 0
+
+
+def _blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Zero-pad a flat vector to whole blocks; returns shape (n_blocks, block_size)."""
+    nb = _n_blocks(x.numel(), block_size)
+    pad = nb * block_size - x.numel()
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad)])
+    return x.view(nb, block_size)
+
+
+def _refuse_non_finite(x: torch.Tensor) -> None:
+    """Raise NonFiniteError naming the first bad value, if ``x`` holds any."""
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero()
+        raise NonFiniteError(
+            f"refusing to encode a tensor with {bad.numel()} non-finite value(s), "
+            f"the first at index {int(bad[0])}"
+        )
+
+
+def _stochastic_round(v: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Round to floor(v) or floor(v) + 1, up with probability v - floor(v): unbiased.
+
+    Not floor(v + u): in float32, v + u rounds to the next integer when u is within half an ulp
+    of 1, which lifts exact integers (1024 + 0.99999994 == 1025.0).
+    """
+    low = torch.floor(v)
+    u = torch.rand(v.shape, generator=generator, device=v.device, dtype=v.dtype)
+    return low + (u < v - low).to(v.dtype)
+
+
+class Codec:
+    """A compression operator with per-block scales.
+
+    Args:
+        block_size: values per scale; a multiple of 8 so that int4 and sign pack whole bytes.
+    """
+
+    name: ClassVar[str]
+    #: Payload bits per value, scales not counted.
+    bits: ClassVar[float]
+    #: Whether E[decode(encode(x))] = x.
+    unbiased: ClassVar[bool]
+    _code_dtype: ClassVar[torch.dtype]
+    _values_per_code: ClassVar[int] = 1
+    _has_scales: ClassVar[bool] = True
+
+    def __init__(self, block_size: int = 256) -> None:
+        if block_size <= 0 or block_size % 8:
+            raise ValueError(f"block_size must be a positive multiple of 8, got {block_size}")
+        self.block_size = block_size
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(block_size={self.block_size})"
+
+    # -- sizes --------------------------------------------------------------------------------
+
+    def _n_codes(self, numel: int) -> int:
+        return _n_blocks(numel, self.block_size) * self.block_size // self._values_per_code
+
+    def data_nbytes(self, numel: int) -> int:
+        return self._n_codes(numel) * self._code_dtype.itemsize
+
+    def scales_nbytes(self, numel: int) -> int:
+        return 4 * _n_blocks(numel, self.block_size) if self._has_scales else 0
+
+    def encoded_nbytes(self, numel: int) -> int:
+        """Bytes of payload and scales for a vector of ``numel`` values."""
+        return self.data_nbytes(numel) + self.scales_nbytes(numel)
+
+    # -- the operator -------------------------------------------------------------------------
+
+    def compress(self, x: torch.Tensor, generator: torch.Generator | None = None) -> Compressed:
+        """Encode a flat float32 vector; also return the decoded value on ``x``'s device.
+
+        Raises:
+            NonFiniteError: ``x`` holds NaN or infinity.
+        """
+        if x.dim() != 1:
+            raise CodecError(f"expected a flat vector, got shape {tuple(x.shape)}")
+        x = x.detach().to(torch.float32)
+        if x.numel() == 0:
+            empty = Encoded(self.name, 0, self.block_size, b"", b"")
+            return Compressed(empty, x.clone())
+        if not self._has_scales:
+            _refuse_non_finite(x)
+        codes, scales = self._quantize(x, generator)
+        if self._has_scales and not bool(torch.isfinite(scales).all()):
+            # A block's scale (its max or mean of |x|) is finite iff all its values are: this
+            # costs one pass over the scales instead of one over the whole vector.
+            _refuse_non_finite(x)
+        encoded = Encoded(
+            codec=self.name,
+            numel=x.numel(),
+            block_size=self.block_size,
+            scales=tensor_to_bytes(scales) if self._has_scales else b"",
+            data=tensor_to_bytes(codes),
+        )
+        return Compressed(encoded, self._dequantize(codes, scales, x.numel()))
+
+    def encode(self, x: torch.Tensor, generator: torch.Generator | None = None) -> Encoded:
+        return self.compress(x, generator).encoded
+
+    def decode(self, enc: Encoded, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Validate an encoding (see :meth:`validate`) and decode it to float32 on ``device``."""
+        self.validate(enc)
+        if enc.numel == 0:
+            return torch.empty(0, dtype=torch.float32, device=device)
+        codes = tensor_from_bytes(enc.data, self._code_dtype, device)
+        scales = tensor_from_bytes(enc.scales, torch.float32, device)
+        self._validate_values(codes, scales)
+        return self._dequantize(codes, scales, enc.numel)
+
+    def validate(self, enc: Encoded) -> None:
+        """Check an encoding's geometry against this codec without decoding it.
+
+        Raises:
+            CodecError: another codec, another block size, or byte lengths that do not match.
+        """
+        if enc.codec != self.name:
+            raise CodecError(f"codec mismatch: expected {self.name!r}, got {enc.codec!r}")
+        if enc.block_size != self.block_size:
+            raise CodecError(
+                f"block size mismatch: expected {self.block_size}, got {enc.block_size}"
+            )
+        if enc.numel < 0:
+            raise CodecError(f"negative numel {enc.numel}")
+        want_data, want_scales = self.data_nbytes(enc.numel), self.scales_nbytes(enc.numel)
+        if len(enc.data) != want_data:
+            raise CodecError(
+                f"{self.name} payload for {enc.numel} values must be {want_data} bytes, "
+                f"got {len(enc.data)}"
+            )
+        if len(enc.scales) != want_scales:
+            raise CodecError(
+                f"{self.name} needs {want_scales // 4} block scales for {enc.numel} values "
+                f"(block size {self.block_size}), got {len(enc.scales) / 4:g}"
+            )
+
+    #: The largest |code| a payload may hold; scales above float32's max over it would overflow.
+    _max_code: ClassVar[float] = 1.0
+
+    def _validate_values(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        if not bool(torch.isfinite(scales).all()):
+            raise NonFiniteError("block scales hold non-finite values")
+        if not bool((scales >= 0).all()):
+            raise CodecError("block scales must be non-negative")
+        if scales.numel() and float(scales.max()) > _FLOAT32_MAX / self._max_code:
+            raise NonFiniteError("a block scale is so large that decoding would overflow")
+
+    # -- per-codec parts ----------------------------------------------------------------------
+
+    def _quantize(
+        self, x: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (codes in the wire dtype, scales float32 of shape (n_blocks,))."""
+        raise NotImplementedError
+
+    def _dequantize(self, codes: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Fp32Codec(Codec):
+    name = "fp32"
+    bits = 32.0
+    unbiased = True
+    _code_dtype = torch.float32
+    _has_scales = False
+
+    def data_nbytes(self, numel: int) -> int:
+        return 4 * numel
+
+    def _quantize(
+        self, x: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x.new_empty(0)
+
+    def _dequantize(self, codes: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
+        return codes.clone()
+
+    def _validate_values(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        if not bool(torch.isfinite(codes).all()):
+            raise NonFiniteError("fp32 payload holds non-finite values")
+
+
+_FP16_MANTISSA_BITS = 10
+_FP16_MIN_NORMAL = 2.0**-14
+_FLOAT32_EXPONENT_MASK = 0x7F800000
+
+
+class Fp16Codec(Codec):
+    name = "fp16"
+    bits = 16.0
+    unbiased = True
+    _code_dtype = torch.float16
+
+    def _quantize(
+        self, x: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        xb = _blocks(x, self.block_size)  # (n_blocks, block_size)
+        scales = xb.abs().amax(dim=1)
+        v = xb / torch.where(scales > 0, scales, 1.0)[:, None]  # |v| <= 1
+        # Spacing of float16 around v: 2^(floor(log2 |v|) - 10), and 2^-24 below 2^-14 where
+        # float16 turns subnormal. Masking the float32 mantissa away leaves 2^floor(log2 |v|).
+        power = (v.view(torch.int32) & _FLOAT32_EXPONENT_MASK).view(torch.float32)
+        ulp = torch.clamp(power, min=_FP16_MIN_NORMAL) * 2.0**-_FP16_MANTISSA_BITS
+        # v / ulp is exact (power of two), so this is stochastic rounding to the fp16 grid.
+        rounded = _stochastic_round(v / ulp, generator) * ulp
+        return rounded.to(torch.float16).view(-1), scales
+
+    def _dequantize(self, codes: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
+        v = codes.view(-1, self.block_size).to(torch.float32)
+        return (v * scales[:, None]).view(-1)[:numel]
+
+    def _validate_values(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        super()._validate_values(codes, scales)
+        if not bool(torch.isfinite(codes).all()):
+            raise NonFiniteError("fp16 payload holds non-finite values")
+        if not bool((codes.abs() <= 1).all()):
+            raise CodecError("fp16 payload values must lie in [-1, 1]")
+
+
+class _IntCodec(Codec):
+    """Symmetric integer levels [-L, L] with scale absmax / L and stochastic rounding."""
+
+    levels: ClassVar[int]
+
+    def _int_levels(
+        self, x: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        xb = _blocks(x, self.block_size)  # (n_blocks, block_size)
+        scales = xb.abs().amax(dim=1) / self.levels
+        v = xb / torch.where(scales > 0, scales, 1.0)[:, None]
+        q = _stochastic_round(v, generator).clamp_(-self.levels, self.levels)
+        return q.to(torch.int8).view(-1), scales
+
+    def _from_levels(self, q: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
+        v = q.view(-1, self.block_size).to(torch.float32)
+        return (v * scales[:, None]).view(-1)[:numel]
+
+
+class Int8Codec(_IntCodec):
+    name = "int8"
+    bits = 8.0
+    unbiased = True
+    levels = 127
+    _max_code = 127.0
+    _code_dtype = torch.int8
+
+    def _quantize(
+        self, x: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._int_levels(x, generator)
+
+    def _dequantize(self, codes: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
+        return self._from_levels(codes, scales, numel)
+
+    def _validate_values(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        super()._validate_values(codes, scales)
+        if bool((codes == -128).any()):
+            raise CodecError("int8 payload holds -128, outside the levels [-127, 127]")
+
+
+class Int4Codec(_IntCodec):
+    name = "int4"
+    bits = 4.0
+    unbiased = True
+    levels = 7
+    _max_code = 7.0
+    _code_dtype = torch.uint8
+    _values_per_code = 2
+
+    def _quantize(
+        self, x: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, scales = self._int_levels(x, generator)
+        nibbles = (q + 8).to(torch.uint8).view(-1, 2)  # (n_codes, 2): value + 8 in [1, 15]
+        return nibbles[:, 0] | (nibbles[:, 1] << 4), scales
+
+    def _dequantize(self, codes: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
+        nibbles = torch.stack([codes & 0x0F, codes >> 4], dim=1).view(-1)
+        return self._from_levels(nibbles.to(torch.int8) - 8, scales, numel)
+
+    def _validate_values(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        super()._validate_values(codes, scales)
+        if bool(((codes & 0x0F) == 0).any() | ((codes >> 4) == 0).any()):
+            raise CodecError("int4 payload holds nibble 0 (-8), outside the levels [-7, 7]")
+
+
+_BIT_WEIGHTS = [1 << k for k in range(8)]
+
+
+class SignCodec(Codec):
+    name = "sign"
+    bits = 1.0
+    unbiased = False
+    _code_dtype = torch.uint8
+    _values_per_code = 8
+
+    def _quantize(
+        self, x: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        xb = _blocks(x, self.block_size)  # (n_blocks, block_size)
+        # Mean |x| over the real values only: padding must not shrink the last block's scale.
+        counts = torch.full((xb.shape[0],), float(self.block_size), device=x.device)
+        counts[-1] = x.numel() - (xb.shape[0] - 1) * self.block_size
+        scales = xb.abs().sum(dim=1) / counts
+        bits = (xb >= 0).view(-1, 8).to(torch.uint8)  # (n_codes, 8)
+        weights = torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8, device=x.device)
+        return (bits * weights).sum(dim=1, dtype=torch.uint8), scales
+
+    def _dequantize(self, codes: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
+        weights = torch.tensor(_BIT_WEIGHTS, dtype=torch.uint8, device=codes.device)
+        bits = (codes[:, None] & weights) != 0  # (n_codes, 8)
+        signs = bits.view(-1, self.block_size).to(torch.float32) * 2 - 1
+        return (signs * scales[:, None]).view(-1)[:numel]
+
+
+CODECS: dict[str, type[Codec]] = {
+    cls.name: cls for cls in (Fp32Codec, Fp16Codec, Int8Codec, Int4Codec, SignCodec)
+}
+_ALIASES = {"none": "fp32"}
+
+
+def get_codec(name: str, block_size: int = 256) -> Codec:
+    """The codec called ``name`` (fp32 or none, fp16, int8, int4, sign)."""
+    key = _ALIASES.get(name, name)
+    if key not in CODECS:
+        known = ", ".join(sorted([*CODECS, *_ALIASES]))
+        raise ValueError(f"unknown codec {name!r}; known: {known}")
+    return CODECS[key](block_size)

@@ -1,0 +1,129 @@
+"""The messages nodes exchange, as plain frozen dataclasses (node/wire.py maps them to protobuf)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from gossip.codecs import Encoded
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Delta",
+    "Hello",
+    "Member",
+    "ParamSpec",
+    "SnapshotHeader",
+    "TaskFingerprint",
+]
+
+#: Bumped on any incompatible change of the wire schema or of its meaning.
+PROTOCOL_VERSION = 1
+
+NodeId = str
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class TaskFingerprint:
+    """What all nodes of a swarm must share: the model's parameters and the gossip codec."""
+
+    params: tuple[ParamSpec, ...]
+    codec: str
+    block_size: int
+
+    @property
+    def numel(self) -> int:
+        """Length of the flat parameter vector that gossip moves."""
+        return sum(p.numel for p in self.params)
+
+    def digest(self) -> str:
+        blob = json.dumps(
+            [[[p.name, list(p.shape), p.dtype] for p in self.params], self.codec, self.block_size]
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def differences(
+        self, other: TaskFingerprint, mine: str = "we have", theirs: str = "they have"
+    ) -> list[str]:
+        """Human-readable lines saying how ``other`` differs from this one (empty if equal)."""
+        out: list[str] = []
+
+        def differ(what: str, a: object, b: object) -> None:
+            out.append(f"{what}: {mine} {a}, {theirs} {b}")
+
+        if self.codec != other.codec:
+            differ("codec", self.codec, other.codec)
+        if self.block_size != other.block_size:
+            differ("block size", self.block_size, other.block_size)
+        ours = {p.name: p for p in self.params}
+        others = {p.name: p for p in other.params}
+        for name in sorted(ours.keys() | others.keys()):
+            a, b = ours.get(name), others.get(name)
+            if a is None or b is None:
+                differ(f"parameter {name}", "it" if a else "nothing", "it" if b else "nothing")
+                continue
+            if a.shape != b.shape:
+                differ(f"parameter {name} shape", list(a.shape), list(b.shape))
+            if a.dtype != b.dtype:
+                differ(f"parameter {name} dtype", a.dtype, b.dtype)
+        if not out and [p.name for p in self.params] != [p.name for p in other.params]:
+            out.append("parameter order differs")
+        return out
+
+
+@dataclass(frozen=True)
+class Member:
+    node_id: NodeId
+    address: str
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Sent by a dialing node and answered in kind."""
+
+    protocol_version: int
+    self_: Member
+    fingerprint: TaskFingerprint
+    members: tuple[Member, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Delta:
+    """q = Q(x_i - x̂_i): the change of sender i's public copy from ``seq - 1`` to ``seq``.
+
+    ``session`` names the log the sequence numbers belong to: a node draws a new one each time it
+    starts, so that after a restart its neighbours resync rather than mistake seq 1 for a replay.
+    """
+
+    sender: NodeId
+    session: int
+    seq: int
+    step: int
+    payload: Encoded
+    protocol_version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class SnapshotHeader:
+    """Announces the sender's public copy x̂_i at ``seq``; the values follow in chunks."""
+
+    sender: NodeId
+    session: int
+    seq: int
+    numel: int
+    protocol_version: int = PROTOCOL_VERSION

@@ -1,0 +1,239 @@
+"""Compressed gossip with error feedback: the public copy, the replicas and the consensus step.
+
+Node i keeps its model x_i, a public copy x̂_i (what its neighbours believe x_i is) and a replica
+x̂_j of each neighbour's public copy. This is CHOCO-Gossip (Koloskova, Stich and Jaggi, ICML 2019,
+Algorithm 1), made asynchronous:
+
+* sending: q = Q(x_i - x̂_i); x̂_i += q; the same q goes to every neighbour with sequence number
+  ``seq``. x̂_i moves only by what was sent, so the compression error stays in x_i - x̂_i and is
+  sent later: that is the error feedback.
+* receiving q_j with ``seq = r + 1`` (r the replica's number): x̂_j += q_j. A replica is a
+  replicated log of the sender's public copy and stays bit-identical to it; a gap, a sender never
+  heard from, or a sender that restarted (a new ``session``) needs a snapshot of x̂_j (exact
+  float32) before deltas apply again.
+* mixing: x_i += γ Σ_j w_ij (x̂_j - x̂_i).
+
+Sending Q(x_i) itself instead, without the public copies, leaves a floor of quantization noise
+that consensus never gets below (see tests/gossip/test_sync_gossip.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from gossip.clock import Clock
+from gossip.codecs import Codec, CodecError, Encoded, NonFiniteError
+
+__all__ = [
+    "GossipError",
+    "GossipState",
+    "Replica",
+    "SequenceGap",
+    "StaleSequence",
+    "UnknownPeer",
+]
+
+NodeId = str
+
+
+class GossipError(Exception):
+    """A message the state machine refuses; the state is unchanged when it is raised."""
+
+
+class UnknownPeer(GossipError):
+    """The sender is not a peer this node exchanges with."""
+
+
+class SequenceGap(GossipError):
+    """The delta does not follow the replica (or there is no replica): a snapshot is needed."""
+
+    def __init__(self, peer: NodeId, expected: int | None, got: int) -> None:
+        self.peer, self.expected, self.got = peer, expected, got
+        want = "a snapshot first" if expected is None else f"seq {expected}"
+        super().__init__(f"gap in deltas from {peer}: expected {want}, got seq {got}")
+
+
+class StaleSequence(GossipError):
+    """The message is not newer than the replica: a duplicate or a replay."""
+
+
+@dataclass
+class Replica:
+    """What this node knows of one neighbour's public copy."""
+
+    value: torch.Tensor  # (numel,) float32, bit-identical to the sender's x̂ at ``seq``
+    session: int
+    seq: int
+    last_heard: float
+    step: int = 0
+
+
+class GossipState:
+    """Node i's half of compressed gossip.
+
+    Not thread-safe: the node calls it from one thread at a time.
+
+    Args:
+        initial: x_i at the start; the public copy starts equal to it.
+        codec: the compression operator Q.
+        clock: where ``last_heard`` times come from.
+        generator: randomness for stochastic rounding (on ``initial``'s device).
+        session: names this run's log of deltas; draw a new one at every start.
+    """
+
+    def __init__(
+        self,
+        initial: torch.Tensor,
+        codec: Codec,
+        clock: Clock,
+        generator: torch.Generator | None = None,
+        session: int = 0,
+    ) -> None:
+        if initial.dim() != 1 or initial.dtype != torch.float32:
+            raise ValueError("the gossiped vector must be flat float32")
+        self.codec = codec
+        self.clock = clock
+        self.generator = generator
+        self.public = initial.detach().clone()
+        self.session = session
+        self.seq = 0
+        self.replicas: dict[NodeId, Replica] = {}
+        self._peers: set[NodeId] = set()
+
+    @property
+    def numel(self) -> int:
+        return self.public.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.public.device
+
+    # -- peers --------------------------------------------------------------------------------
+
+    @property
+    def peers(self) -> frozenset[NodeId]:
+        return frozenset(self._peers)
+
+    def admit(self, peer: NodeId) -> None:
+        """Accept messages from ``peer`` from now on (its first must be a snapshot)."""
+        self._peers.add(peer)
+
+    def forget(self, peer: NodeId) -> None:
+        """Stop accepting ``peer`` and drop its replica."""
+        self._peers.discard(peer)
+        self.replicas.pop(peer, None)
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def make_delta(self, x: torch.Tensor) -> tuple[int, Encoded]:
+        """q = Q(x - x̂); x̂ += q. Returns the new sequence number and q's encoding.
+
+        Raises:
+            NonFiniteError: x holds NaN or infinity (nothing changes).
+        """
+        compressed = self.codec.compress(x - self.public, self.generator)
+        self.public += compressed.value
+        self.seq += 1
+        return self.seq, compressed.encoded
+
+    def snapshot(self) -> tuple[int, torch.Tensor]:
+        """(seq, a copy of x̂ at seq): what a neighbour needs to (re)start its replica."""
+        return self.seq, self.public.clone()
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def check_delta(self, peer: NodeId, session: int, seq: int, payload: Encoded) -> None:
+        """Everything :meth:`receive_delta` checks before it decodes; raises on the first fault."""
+        if peer not in self._peers:
+            raise UnknownPeer(f"{peer} is not a peer of this node")
+        if payload.numel != self.numel:
+            raise CodecError(f"delta has {payload.numel} values, the model has {self.numel}")
+        self.codec.validate(payload)
+        replica = self.replicas.get(peer)
+        if replica is None or replica.session != session:
+            raise SequenceGap(peer, None, seq)
+        if seq <= replica.seq:
+            raise StaleSequence(f"delta seq {seq} from {peer} is not after {replica.seq}")
+        if seq != replica.seq + 1:
+            raise SequenceGap(peer, replica.seq + 1, seq)
+
+    def receive_delta(
+        self, peer: NodeId, session: int, seq: int, payload: Encoded, step: int = 0
+    ) -> int:
+        """Apply q_j to the replica of ``peer``; returns the replica's new sequence number.
+
+        Raises:
+            UnknownPeer, SequenceGap, StaleSequence, CodecError: and nothing changes.
+        """
+        self.check_delta(peer, session, seq, payload)
+        value = self.codec.decode(payload, self.device)  # validates values before any change
+        replica = self.replicas[peer]
+        value += replica.value  # into the decoded buffer: the replica changes only if finite
+        if not bool(torch.isfinite(value).all()):
+            raise NonFiniteError(f"the delta from {peer} would overflow its replica")
+        replica.value = value
+        replica.seq = seq
+        replica.step = step
+        replica.last_heard = self.clock.now()
+        return seq
+
+    def check_snapshot(self, peer: NodeId, session: int, seq: int, numel: int) -> None:
+        if peer not in self._peers:
+            raise UnknownPeer(f"{peer} is not a peer of this node")
+        if numel != self.numel:
+            raise CodecError(f"snapshot has {numel} values, the model has {self.numel}")
+        replica = self.replicas.get(peer)
+        if replica is not None and replica.session == session and seq < replica.seq:
+            raise StaleSequence(f"snapshot seq {seq} from {peer} is older than {replica.seq}")
+
+    def receive_snapshot(
+        self, peer: NodeId, session: int, seq: int, values: torch.Tensor, step: int = 0
+    ) -> int:
+        """Replace the replica of ``peer`` with its public copy at ``seq``.
+
+        Raises:
+            UnknownPeer, StaleSequence, CodecError: and nothing changes.
+        """
+        self.check_snapshot(peer, session, seq, values.numel())
+        if values.dtype != torch.float32 or values.dim() != 1:
+            raise CodecError("a snapshot is a flat float32 vector")
+        if not bool(torch.isfinite(values).all()):
+            raise CodecError("snapshot holds non-finite values")
+        self.replicas[peer] = Replica(
+            values.to(self.device, copy=True), session, seq, self.clock.now(), step
+        )
+        return seq
+
+    def silent_for(self, peer: NodeId) -> float | None:
+        """Seconds since ``peer`` was last heard from, or None if it never was."""
+        replica = self.replicas.get(peer)
+        return None if replica is None else self.clock.now() - replica.last_heard
+
+    # -- mixing -------------------------------------------------------------------------------
+
+    def consensus_step(
+        self, x: torch.Tensor, gamma: float, weights: Mapping[NodeId, float]
+    ) -> torch.Tensor:
+        """x += γ Σ_j w_ij (x̂_j - x̂_i), in place, over the neighbours in ``weights``.
+
+        Neighbours without a replica are left out; their weight stays with x_i, so each row of
+        the mixing matrix still sums to one.
+
+        Returns:
+            x, updated in place.
+        """
+        pull = torch.zeros_like(self.public)
+        total = 0.0
+        for peer, w in weights.items():
+            replica = self.replicas.get(peer)
+            if replica is None or w == 0.0:
+                continue
+            pull.add_(replica.value, alpha=w)
+            total += w
+        if total:
+            pull.add_(self.public, alpha=-total)
+            x.add_(pull.to(x.dtype), alpha=gamma)
+        return x

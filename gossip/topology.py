@@ -1,0 +1,183 @@
+"""Communication graphs over node ids, their mixing weights and spectral gaps.
+
+Every graph is built from a set of node ids placed on a ring in sorted order, so that any two
+nodes holding the same member list derive the same graph without talking to each other. All
+graphs here are undirected: ``j in g.neighbours(i)`` iff ``i in g.neighbours(j)``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "TOPOLOGIES",
+    "Graph",
+    "build",
+    "exponential",
+    "metropolis_hastings",
+    "mixing_matrix",
+    "random_regular",
+    "ring",
+    "spectral_gap",
+]
+
+NodeId = str
+
+
+@dataclass(frozen=True)
+class Graph:
+    """An undirected simple graph: ``nodes`` in ring order, ``adj`` node -> neighbours."""
+
+    nodes: tuple[NodeId, ...]
+    adj: Mapping[NodeId, frozenset[NodeId]]
+
+    def neighbours(self, node: NodeId) -> frozenset[NodeId]:
+        return self.adj[node]
+
+    def degree(self, node: NodeId) -> int:
+        return len(self.adj[node])
+
+    def is_symmetric(self) -> bool:
+        return all(i in self.adj[j] for i in self.nodes for j in self.adj[i])
+
+    def is_connected(self) -> bool:
+        if not self.nodes:
+            return True
+        seen, frontier = {self.nodes[0]}, [self.nodes[0]]
+        while frontier:
+            for j in self.adj[frontier.pop()]:
+                if j not in seen:
+                    seen.add(j)
+                    frontier.append(j)
+        return len(seen) == len(self.nodes)
+
+
+def _ring_order(ids: Iterable[NodeId]) -> tuple[NodeId, ...]:
+    order = tuple(sorted(set(ids)))
+    if not order:
+        raise ValueError("a graph needs at least one node")
+    return order
+
+
+def _from_offsets(order: tuple[NodeId, ...], offsets: Iterable[int]) -> Graph:
+    n = len(order)
+    adj: dict[NodeId, set[NodeId]] = {i: set() for i in order}
+    for pos, i in enumerate(order):
+        for off in offsets:
+            for j in (order[(pos + off) % n], order[(pos - off) % n]):
+                if j != i:
+                    adj[i].add(j)
+    return Graph(order, {i: frozenset(js) for i, js in adj.items()})
+
+
+def ring(ids: Iterable[NodeId]) -> Graph:
+    """Each node linked to its predecessor and successor on the ring (degree 2)."""
+    return _from_offsets(_ring_order(ids), [1])
+
+
+def exponential(ids: Iterable[NodeId]) -> Graph:
+    """Static exponential graph, made undirected: node i links to i ± 2^k for 2^k < n.
+
+    The directed version is the one of Assran et al. (SGP, 2019) and BlueFog; linking both ways
+    makes the graph symmetric (degree about 2 log2 n) so that Metropolis–Hastings weights apply.
+    """
+    order = _ring_order(ids)
+    offsets = []
+    off = 1
+    while off < len(order):
+        offsets.append(off)
+        off *= 2
+    return _from_offsets(order, offsets)
+
+
+def random_regular(ids: Iterable[NodeId], k: int, seed: int = 0) -> Graph:
+    """A connected random k-regular graph, the same for the same ids, k and seed.
+
+    Pairs the k "stubs" of every node at random and rejects pairings with loops, repeated edges
+    or more than one component (the configuration model). Python's ``random.Random`` with an int
+    seed is stable across versions and platforms, so every node derives the same graph.
+    """
+    order = _ring_order(ids)
+    n = len(order)
+    if k >= n or k < 0 or (n * k) % 2:
+        raise ValueError(f"no {k}-regular graph on {n} nodes (need 0 <= k < n and n*k even)")
+    rng = random.Random(seed)
+    for _ in range(10_000):
+        stubs = [i for i in range(n) for _ in range(k)]
+        rng.shuffle(stubs)
+        edges = set()
+        ok = True
+        for a, b in zip(stubs[::2], stubs[1::2], strict=True):
+            edge = (min(a, b), max(a, b))
+            if a == b or edge in edges:
+                ok = False
+                break
+            edges.add(edge)
+        if not ok:
+            continue
+        adj: dict[NodeId, set[NodeId]] = {i: set() for i in order}
+        for a, b in edges:
+            adj[order[a]].add(order[b])
+            adj[order[b]].add(order[a])
+        graph = Graph(order, {i: frozenset(js) for i, js in adj.items()})
+        if graph.is_connected():
+            return graph
+    raise RuntimeError(f"could not draw a connected {k}-regular graph on {n} nodes")
+
+
+TOPOLOGIES = ("ring", "exponential", "random-regular")
+
+
+def build(kind: str, ids: Iterable[NodeId], *, degree: int = 4, seed: int = 0) -> Graph:
+    """The graph named ``kind`` (one of :data:`TOPOLOGIES`) over ``ids``.
+
+    For ``random-regular``, ``degree`` is lowered to the largest valid value when the swarm is
+    too small (n - 1, or one less when n * degree would be odd).
+    """
+    order = _ring_order(ids)
+    if kind == "ring":
+        return ring(order)
+    if kind == "exponential":
+        return exponential(order)
+    if kind == "random-regular":
+        k = min(degree, len(order) - 1)
+        if (len(order) * k) % 2:
+            k -= 1
+        return random_regular(order, k, seed)
+    raise ValueError(f"unknown topology {kind!r}; known: {', '.join(TOPOLOGIES)}")
+
+
+def metropolis_hastings(graph: Graph) -> dict[NodeId, dict[NodeId, float]]:
+    """Metropolis–Hastings weights w_ij = 1 / (1 + max(d_i, d_j)) for each edge (Xiao & Boyd 2004).
+
+    Returns node -> {neighbour: weight}; the self weight is 1 minus the row's sum. The matrix is
+    symmetric and doubly stochastic, so gossip with it preserves the average.
+    """
+    return {
+        i: {j: 1.0 / (1 + max(graph.degree(i), graph.degree(j))) for j in graph.neighbours(i)}
+        for i in graph.nodes
+    }
+
+
+def mixing_matrix(graph: Graph) -> torch.Tensor:
+    """The (n, n) float64 Metropolis–Hastings matrix W in the graph's node order."""
+    index = {node: pos for pos, node in enumerate(graph.nodes)}
+    w = torch.zeros(len(graph.nodes), len(graph.nodes), dtype=torch.float64)
+    for i, row in metropolis_hastings(graph).items():
+        for j, weight in row.items():
+            w[index[i], index[j]] = weight
+    w += torch.diag(1.0 - w.sum(dim=1))
+    return w
+
+
+def spectral_gap(w: torch.Tensor) -> float:
+    """1 - |λ₂| of a symmetric mixing matrix: the fraction of disagreement one round removes.
+
+    Exact gossip shrinks the consensus distance by at least (1 - gap)^2 per round.
+    """
+    eig = torch.linalg.eigvalsh(w.to(torch.float64)).abs().sort(descending=True).values
+    return 1.0 - float(eig[1]) if eig.numel() > 1 else 1.0

@@ -1,0 +1,1 @@
+"""The murmur node daemon: CLI, config, trainer, transport, and the wiring between them."""

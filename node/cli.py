@@ -1,0 +1,307 @@
+"""The ``murmur`` command: run a node, run a local swarm, ask a node for its status."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from gossip.codecs import CODECS
+from gossip.topology import TOPOLOGIES
+from node.config import GossipConfig, NodeConfig, load_config_file
+from node.node import JoinError, Node
+from node.status import format_status, status_to_json
+from node.trainer import TrainerConfig
+from node.transport.base import Rejected, Unreachable
+
+__all__ = ["main"]
+
+log = logging.getLogger("murmur")
+
+
+def _shard(text: str) -> tuple[int, int]:
+    index, sep, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shard {text!r} is not i/n") from None
+    if not sep or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"shard {text!r}: need 0 <= i < n")
+    return i, n
+
+
+def _add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
+    d = argparse.SUPPRESS if suppress else None
+    p.add_argument("--topology", dest="gossip.topology", choices=TOPOLOGIES, default=d)
+    p.add_argument(
+        "--degree",
+        dest="gossip.degree",
+        type=int,
+        default=d,
+        help="neighbours per node for random-regular",
+    )
+    p.add_argument(
+        "--compress",
+        dest="gossip.codec",
+        choices=["none", *CODECS],
+        default=d,
+        help="codec for model deltas (default int8)",
+    )
+    p.add_argument("--block-size", dest="gossip.block_size", type=int, default=d)
+    p.add_argument(
+        "--gamma",
+        dest="gossip.gamma",
+        type=float,
+        default=d,
+        help="consensus step size (default by codec)",
+    )
+    p.add_argument(
+        "--local-steps",
+        dest="gossip.local_steps",
+        type=int,
+        default=d,
+        help="local steps between gossip rounds",
+    )
+
+
+def _add_run_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help="run one node until SIGTERM or SIGINT")
+    s = argparse.SUPPRESS  # unset flags fall back to the config file, then to the defaults
+    p.add_argument("--config", type=Path, help="TOML file; flags override its values")
+    p.add_argument("--listen", default=s, help="host:port to serve on (default 127.0.0.1:7070)")
+    p.add_argument("--advertise", default=s, help="host:port others should dial")
+    p.add_argument(
+        "--join",
+        action="append",
+        default=s,
+        metavar="HOST:PORT",
+        help="a node to join through (repeatable)",
+    )
+    p.add_argument("--state-dir", dest="state_dir", type=Path, default=s)
+    p.add_argument("--device", default=s, help="auto, cpu, cuda[:N] or mps")
+    p.add_argument("--task", default=s, help="digits, module:factory or file.py:factory")
+    p.add_argument("--shard", type=_shard, default=s, metavar="I/N")
+    p.add_argument(
+        "--alpha", type=float, default=s, help="Dirichlet alpha for non-iid shards (default: iid)"
+    )
+    p.add_argument("--seed", type=int, default=s)
+    p.add_argument("--threads", type=int, default=s, help="torch intra-op threads")
+    p.add_argument(
+        "--wait-members",
+        dest="wait_members",
+        type=int,
+        default=s,
+        help="start training once this many members are known",
+    )
+    p.add_argument("--wait-timeout", dest="wait_timeout_s", type=float, default=s)
+    p.add_argument(
+        "--steps",
+        dest="trainer.steps",
+        type=int,
+        default=s,
+        help="local step budget (default: until stopped)",
+    )
+    p.add_argument("--eval-every", dest="trainer.eval_every", type=int, default=s)
+    _add_gossip_flags(p, suppress=True)
+    p.set_defaults(func=_cmd_run)
+
+
+def _add_status_parser(sub: Any) -> None:
+    p = sub.add_parser("status", help="show one node's view of the swarm")
+    p.add_argument("address", help="host:port of a node")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.set_defaults(func=_cmd_status)
+
+
+def _add_swarm_parser(sub: Any) -> None:
+    p = sub.add_parser("swarm", help="run N real nodes on this machine and report")
+    p.add_argument("--nodes", type=int, default=8)
+    p.add_argument("--steps", type=int, default=600, help="local steps per node")
+    p.add_argument("--duration", type=float, help="stop after this many seconds in any case")
+    p.add_argument("--task", default="digits")
+    p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet alpha (non-iid shards)")
+    p.add_argument("--iid", action="store_true", help="iid shards instead of Dirichlet")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument(
+        "--settle-rounds",
+        type=int,
+        default=20,
+        help="gossip rounds every node does after the last one finishes training",
+    )
+    p.add_argument("--workdir", type=Path, help="where state dirs and the report go")
+    p.add_argument(
+        "--no-baseline", action="store_true", help="skip training the single-process reference"
+    )
+    p.add_argument("--quiet", action="store_true", help="no live progress")
+    _add_gossip_flags(p, suppress=False)
+    p.set_defaults(func=_cmd_swarm)
+
+
+def build_node_config(args: argparse.Namespace) -> NodeConfig:
+    """Config file values, overridden by the flags that were given."""
+    values: dict[str, Any] = load_config_file(args.config) if args.config else {}
+    values.update({k: v for k, v in vars(args).items() if k not in ("config", "func", "command")})
+    if "shard" in values:
+        values["shard_index"], values["shard_count"] = values.pop("shard")
+    sections: dict[str, dict[str, Any]] = {"trainer": {}, "gossip": {}}
+    top: dict[str, Any] = {}
+    for key, value in values.items():
+        section, dot, name = key.partition(".")
+        if dot:
+            sections[section][name] = value
+        else:
+            top[key] = value
+    if "join" in top:
+        top["join"] = tuple(top["join"])
+    if "state_dir" in top:
+        top["state_dir"] = Path(top["state_dir"])
+    known = {f.name for f in fields(NodeConfig)}
+    unknown = set(top) - known
+    if unknown:
+        raise ValueError(f"unknown settings: {', '.join(sorted(unknown))}")
+    return NodeConfig(
+        **top,
+        trainer=TrainerConfig(**sections["trainer"]),
+        gossip=GossipConfig(**sections["gossip"]),
+    )
+
+
+async def _serve(cfg: NodeConfig) -> int:
+    node = await Node.create(cfg)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await node.start()
+    except (JoinError, OSError) as err:
+        log.error("%s", err)
+        await node.stop()
+        return 2
+    # One machine-readable line on stdout says the node is up (murmur swarm reads it).
+    print(
+        json.dumps({"event": "ready", "node_id": node.node_id, "address": node.address}), flush=True
+    )
+
+    async def announce_trained() -> None:
+        await node.training_finished.wait()
+        ev = node.trainer.last_eval
+        print(
+            json.dumps(
+                {
+                    "event": "trained",
+                    "step": node.trainer.step,
+                    "accuracy": ev.accuracy if ev else None,
+                }
+            ),
+            flush=True,
+        )
+
+    announcer = asyncio.create_task(announce_trained())
+    stopped = asyncio.create_task(stop.wait())
+    failed = asyncio.create_task(node.wait_failed())
+    await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
+    for t in (stopped, failed, announcer):
+        t.cancel()
+    await node.stop()
+    if node.failure is not None:
+        log.error("stopped because of an error: %s", node.failure)
+        return 1
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    try:
+        cfg = build_node_config(args)
+    except (ValueError, TypeError, OSError) as err:
+        print(f"murmur run: {err}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_serve(cfg))
+    except ValueError as err:  # device or task cannot be had
+        print(f"murmur run: {err}", file=sys.stderr)
+        return 2
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from node.transport.grpc import GrpcTransport
+
+    async def ask() -> int:
+        transport = GrpcTransport()
+        try:
+            status = await transport.call_status(args.address, args.timeout)
+        except (Unreachable, Rejected) as err:
+            print(f"murmur status: {err}", file=sys.stderr)
+            return 1
+        finally:
+            await transport.close(0)
+        print(status_to_json(status) if args.json else format_status(status))
+        return 0
+
+    return asyncio.run(ask())
+
+
+def _cmd_swarm(args: argparse.Namespace) -> int:
+    from node.swarm import SwarmConfig, run_swarm
+
+    try:
+        gossip = GossipConfig(
+            **{
+                k.removeprefix("gossip."): v
+                for k, v in vars(args).items()
+                if k.startswith("gossip.") and v is not None
+            }
+        )
+        cfg = SwarmConfig(
+            nodes=args.nodes,
+            steps=args.steps,
+            duration_s=args.duration,
+            task=args.task,
+            alpha=None if args.iid else args.alpha,
+            seed=args.seed,
+            device=args.device,
+            eval_every=args.eval_every,
+            settle_rounds=args.settle_rounds,
+            workdir=args.workdir,
+            baseline=not args.no_baseline,
+            progress=not args.quiet,
+            gossip=gossip,
+        )
+    except ValueError as err:
+        print(f"murmur swarm: {err}", file=sys.stderr)
+        return 2
+    return asyncio.run(run_swarm(cfg))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="murmur", description="Peer-to-peer training by compressed gossip."
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_parser(sub)
+    _add_swarm_parser(sub)
+    _add_status_parser(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    del args.log_level
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

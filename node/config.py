@@ -1,0 +1,141 @@
+"""Configuration of a node: one frozen dataclass per component, parsed once at the entry point."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from gossip.codecs import CODECS
+from gossip.topology import TOPOLOGIES
+from node.trainer import TrainerConfig
+
+__all__ = ["DEFAULT_GAMMA", "GossipConfig", "NodeConfig", "load_config_file"]
+
+#: Consensus step size by codec: harsher compression needs a smaller γ (Koloskova et al. 2019).
+DEFAULT_GAMMA = {"fp32": 1.0, "fp16": 1.0, "int8": 0.8, "int4": 0.5, "sign": 0.1}
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    """Args:
+    topology: ring, exponential or random-regular, over the ring of known node ids.
+    degree: neighbours per node for random-regular.
+    codec: fp32 (alias none), fp16, int8, int4 or sign.
+    block_size: values per quantization scale.
+    gamma: consensus step size; None picks :data:`DEFAULT_GAMMA` for the codec.
+    local_steps: local training steps between gossip rounds (H).
+    idle_round_interval_s: how often to gossip once local training is over.
+    link_queue: deltas queued per neighbour; past that the link resyncs with a snapshot.
+    silence_limit_s: a neighbour silent this long leaves the mix until it speaks again.
+    call_timeout_s: deadline of each call to a peer.
+    seed: seeds random-regular graphs (every node must use the same).
+    """
+
+    topology: str = "exponential"
+    degree: int = 4
+    codec: str = "int8"
+    block_size: int = 256
+    gamma: float | None = None
+    local_steps: int = 1
+    idle_round_interval_s: float = 0.1
+    link_queue: int = 16
+    silence_limit_s: float = 30.0
+    call_timeout_s: float = 10.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        codec = "fp32" if self.codec == "none" else self.codec
+        if codec not in CODECS:
+            raise ValueError(f"unknown codec {self.codec!r}; known: none, {', '.join(CODECS)}")
+        object.__setattr__(self, "codec", codec)
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"unknown topology {self.topology!r}; known: {', '.join(TOPOLOGIES)}")
+        if self.gamma is not None and not 0 < self.gamma <= 1:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        if self.local_steps < 1:
+            raise ValueError("local_steps must be at least 1")
+        if self.block_size <= 0 or self.block_size % 8:
+            raise ValueError("block_size must be a positive multiple of 8")
+
+    @property
+    def step_size(self) -> float:
+        return self.gamma if self.gamma is not None else DEFAULT_GAMMA[self.codec]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything one node needs, from flags or a TOML file.
+
+    Args:
+        listen: host:port to serve on (port 0 picks a free one).
+        advertise: host:port others should dial; defaults to the bound listen address.
+        join: addresses of nodes to join through.
+        state_dir: where the node keeps its key, checkpoint and metrics log.
+        device: auto, cpu, cuda, cuda:N or mps.
+        task: a built-in task name, ``module:factory`` or ``path.py:factory``.
+        shard_index, shard_count: this node's part of the data.
+        alpha: Dirichlet concentration for non-iid shards; None for iid.
+        seed: the swarm's seed (initial model, data split); every node must use the same.
+        threads: torch intra-op threads; None leaves torch's default.
+        wait_members: start training once this many members (self included) are known.
+        wait_timeout_s: start training anyway after this long, with a warning.
+    """
+
+    listen: str = "127.0.0.1:7070"
+    advertise: str | None = None
+    join: tuple[str, ...] = ()
+    state_dir: Path = Path("murmur-state")
+    device: str = "auto"
+    task: str = "digits"
+    shard_index: int = 0
+    shard_count: int = 1
+    alpha: float | None = None
+    seed: int = 0
+    threads: int | None = None
+    wait_members: int = 1
+    wait_timeout_s: float = 60.0
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.shard_index < self.shard_count:
+            raise ValueError(f"shard {self.shard_index}/{self.shard_count} is out of range")
+        for address in (self.listen, *self.join):
+            _check_address(address)
+
+
+def _check_address(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"address {address!r} is not host:port")
+
+
+_SECTIONS = {"trainer": TrainerConfig, "gossip": GossipConfig}
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a TOML config into flat keyword arguments for :class:`NodeConfig` and its sections.
+
+    Top-level keys are NodeConfig fields; ``[trainer]`` and ``[gossip]`` tables hold those
+    components' fields. Unknown keys are an error, so typos do not pass silently.
+    """
+    with path.open("rb") as f:
+        raw = tomllib.load(f)
+    out: dict[str, Any] = {}
+    node_fields = {f.name for f in fields(NodeConfig)} - set(_SECTIONS)
+    for key, value in raw.items():
+        if key in _SECTIONS:
+            if not isinstance(value, dict):
+                raise ValueError(f"{path}: [{key}] must be a table")
+            known = {f.name for f in fields(_SECTIONS[key])}
+            for sub, sub_value in value.items():
+                if sub not in known:
+                    raise ValueError(f"{path}: unknown key {key}.{sub}")
+                out[f"{key}.{sub}"] = sub_value
+        elif key in node_fields:
+            out[key] = value
+        else:
+            raise ValueError(f"{path}: unknown key {key!r}")
+    return out

@@ -1,0 +1,149 @@
+"""Judging a finished run from its artefacts: checkpoints, summaries and a reference run.
+
+Everything here reads what the nodes wrote to their state dirs, so the report describes the
+models as they were saved, not as some process remembers them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from node.node import METRICS_FILE, SUMMARY_FILE
+from node.tasks.base import Shard, Task, evaluate, load_task
+from node.telemetry import read_metrics
+from node.trainer import Trainer, TrainerConfig
+
+__all__ = ["NodeResult", "RunReport", "evaluate_run", "train_reference"]
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    node_id: str
+    shard: int
+    steps: int
+    rounds: int
+    loss: float
+    accuracy: float
+    #: The node's own evaluation when its step budget ran out, before the settling rounds.
+    trained_accuracy: float
+    bytes_sent: int
+    bytes_sent_fp32: int
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.bytes_sent / self.bytes_sent_fp32 if self.bytes_sent_fp32 else 1.0
+
+
+@dataclass(frozen=True)
+class RunReport:
+    nodes: tuple[NodeResult, ...]
+    averaged_loss: float
+    averaged_accuracy: float
+    #: Mean squared distance of the node models from their average, (1/n) Σ ||x_i - x̄||².
+    consensus_distance: float
+    reference_accuracy: float | None = None
+    reference_steps: int | None = None
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        for node, result in zip(data["nodes"], self.nodes, strict=True):
+            node["compression_ratio"] = result.compression_ratio
+        return json.dumps(data, indent=2)
+
+    def to_markdown(self) -> str:
+        lines = [
+            "| node | shard | steps | rounds | accuracy after training | final accuracy | "
+            "final loss | sent | vs fp32 |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in self.nodes:
+            lines.append(
+                f"| {r.node_id[:8]} | {r.shard} | {r.steps} | {r.rounds} | "
+                f"{r.trained_accuracy:.4f} | {r.accuracy:.4f} | {r.loss:.4f} | "
+                f"{r.bytes_sent / 2**20:.2f} MiB | {100 * r.compression_ratio:.1f}% |"
+            )
+        avg_acc, avg_loss = self.averaged_accuracy, self.averaged_loss
+        lines += [
+            "",
+            f"- averaged model: accuracy {avg_acc:.4f}, loss {avg_loss:.4f}",
+            f"- consensus distance (mean squared distance from the average): "
+            f"{self.consensus_distance:.3e}",
+            f"- worst node accuracy: {min(r.accuracy for r in self.nodes):.4f}",
+        ]
+        if self.reference_accuracy is not None:
+            lines.append(
+                f"- one process on all the data, same number of samples ({self.reference_steps} "
+                f"steps): accuracy {self.reference_accuracy:.4f}"
+            )
+        return "\n".join(lines)
+
+
+def _build_task(task_spec: str, seed: int, shard: Shard) -> Task:
+    torch.manual_seed(seed)  # the same initial model as every node
+    return load_task(task_spec)(shard)
+
+
+def evaluate_run(
+    state_dirs: list[Path], task_spec: str, seed: int, device: torch.device | str = "cpu"
+) -> RunReport:
+    """Evaluate every node's final checkpoint and their average on the task's eval data."""
+    device = torch.device(device)
+    task = _build_task(task_spec, seed, Shard())
+    model = task.model.to(device)
+    results, states = [], []
+    for state_dir in state_dirs:
+        state, _, meta = load_checkpoint(state_dir / CHECKPOINT_FILE)
+        summary = json.loads((state_dir / SUMMARY_FILE).read_text())
+        evals = [r for r in read_metrics(state_dir / METRICS_FILE) if r["event"] == "eval"]
+        model.load_state_dict(state)
+        loss, acc = evaluate(model, task.eval, task.loss, device)
+        states.append(state)
+        results.append(
+            NodeResult(
+                node_id=meta["node_id"],
+                shard=int(meta["shard"][0]),
+                steps=int(meta["step"]),
+                rounds=int(summary["rounds"]),
+                loss=loss,
+                accuracy=acc,
+                trained_accuracy=float(evals[-1]["accuracy"]) if evals else float("nan"),
+                bytes_sent=int(summary["bytes_sent"]),
+                bytes_sent_fp32=int(summary["bytes_sent_fp32"]),
+            )
+        )
+    names = [name for name, _ in model.named_parameters()]
+    flat = torch.stack(
+        [torch.cat([s[name].flatten().double() for name in names]) for s in states]
+    )  # (n_nodes, numel)
+    distance = float(((flat - flat.mean(dim=0)) ** 2).sum(dim=1).mean())
+    averaged = {
+        key: torch.stack([s[key].double() for s in states]).mean(dim=0).to(states[0][key].dtype)
+        for key in states[0]
+    }
+    model.load_state_dict(averaged)
+    avg_loss, avg_acc = evaluate(model, task.eval, task.loss, device)
+    return RunReport(tuple(results), avg_loss, avg_acc, distance)
+
+
+def train_reference(
+    task_spec: str, seed: int, steps: int, device: torch.device | str = "cpu"
+) -> float:
+    """Accuracy of one process trained on all the data for ``steps`` steps (the reference)."""
+    device = torch.device(device)
+    task = _build_task(task_spec, seed, Shard())
+    task.model.to(device)
+    trainer = Trainer(
+        task, device, threading.Lock(), TrainerConfig(steps=steps, eval_every=steps, seed=seed)
+    )
+    trainer.start()
+    trainer.join()
+    if trainer.error is not None:
+        raise trainer.error
+    assert trainer.last_eval is not None
+    return trainer.last_eval.accuracy

@@ -1,0 +1,170 @@
+"""The node's gossip state behind one worker thread.
+
+Every read and write of the :class:`GossipState` runs on a single-thread executor: the event loop
+never blocks on tensor math, and the state needs no lock of its own because only that thread
+touches it. The parameters are shared with the trainer, so the two places that touch them (the
+copy the delta is made from, and the consensus step) take ``model_lock``, briefly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+from gossip.clock import Clock
+from gossip.messages import Delta, SnapshotHeader
+from gossip.replicas import GossipState
+from node.flat import FlatParams
+
+__all__ = ["Gossiper", "NeighbourView"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NeighbourView:
+    replica_seq: int  # -1: no replica yet
+    silent_s: float  # -1: never heard from
+    in_mix: bool
+    distance_rms: float  # RMS of x_i - x̂_j; -1 without a replica
+
+
+class Gossiper:
+    """Args:
+    node_id: this node's id, the sender of its deltas.
+    state: the gossip state machine (its public copy starts at the model's parameters).
+    flat: the model's parameters as one vector.
+    model_lock: held by the trainer during each step.
+    gamma: consensus step size.
+    silence_limit_s: a neighbour silent longer than this leaves the mix until it speaks.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        state: GossipState,
+        flat: FlatParams,
+        model_lock: threading.Lock,
+        gamma: float,
+        silence_limit_s: float,
+        clock: Clock,
+    ) -> None:
+        self.node_id = node_id
+        self.state = state
+        self.flat = flat
+        self.model_lock = model_lock
+        self.gamma = gamma
+        self.silence_limit_s = silence_limit_s
+        self.clock = clock
+        self._weights: dict[str, float] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gossip")
+
+    async def _on_worker(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- neighbours ---------------------------------------------------------------------------
+
+    async def set_neighbours(self, weights: Mapping[str, float]) -> None:
+        """Mix with exactly these neighbours, with these weights; replicas of others are dropped."""
+        new = dict(weights)
+
+        def work() -> None:
+            for peer in self.state.peers - new.keys():
+                self.state.forget(peer)
+            for peer in new.keys() - self.state.peers:
+                self.state.admit(peer)
+            self._weights = new
+
+        await self._on_worker(work)
+
+    def _mixing_weights(self) -> dict[str, float]:
+        """Neighbours that take part in this round: synced, and heard from recently."""
+        mix = {}
+        for peer, w in self._weights.items():
+            silent = self.state.silent_for(peer)
+            if silent is not None and silent <= self.silence_limit_s:
+                mix[peer] = w
+        return mix
+
+    # -- rounds -------------------------------------------------------------------------------
+
+    def submit_round(self, step: int) -> Future[Delta | None]:
+        """Queue one gossip round on the worker; callable from any thread.
+
+        The round is q = Q(x - x̂), x̂ += q, then x += γ Σ w (x̂_j - x̂); its result is q, or
+        None when there is no neighbour to send it to (a new neighbour starts from a snapshot,
+        so skipping costs nothing).
+        """
+
+        def work() -> Delta | None:
+            if not self._weights:
+                return None
+            with self.model_lock:
+                x = self.flat.flat.clone()
+            seq, payload = self.state.make_delta(x)  # compression runs outside the lock
+            mix = self._mixing_weights()
+            with self.model_lock:
+                self.state.consensus_step(self.flat.flat, self.gamma, mix)
+            return Delta(self.node_id, self.state.session, seq, step, payload)
+
+        return self._pool.submit(work)
+
+    async def receive_delta(self, delta: Delta) -> int:
+        """Raises the state machine's errors (GossipError, CodecError) unchanged."""
+        d = delta
+        return await self._on_worker(
+            lambda: self.state.receive_delta(d.sender, d.session, d.seq, d.payload, d.step)
+        )
+
+    async def check_snapshot(self, header: SnapshotHeader) -> None:
+        """The checks a snapshot's header must pass before its values are worth receiving."""
+        h = header
+        await self._on_worker(
+            lambda: self.state.check_snapshot(h.sender, h.session, h.seq, h.numel)
+        )
+
+    async def receive_snapshot(self, header: SnapshotHeader, values: torch.Tensor) -> int:
+        h = header
+        return await self._on_worker(
+            lambda: self.state.receive_snapshot(h.sender, h.session, h.seq, values)
+        )
+
+    async def snapshot(self) -> tuple[SnapshotHeader, torch.Tensor]:
+        """x̂ as a host tensor with its header, for a neighbour that needs to (re)start a replica."""
+
+        def work() -> tuple[SnapshotHeader, torch.Tensor]:
+            seq, values = self.state.snapshot()
+            header = SnapshotHeader(self.node_id, self.state.session, seq, values.numel())
+            return header, values.cpu()
+
+        return await self._on_worker(work)
+
+    async def neighbour_views(self) -> dict[str, NeighbourView]:
+        def work() -> dict[str, NeighbourView]:
+            mix = self._mixing_weights()
+            with self.model_lock:
+                x = self.flat.flat.clone()
+            views = {}
+            for peer in self._weights:
+                replica = self.state.replicas.get(peer)
+                silent = self.state.silent_for(peer)
+                views[peer] = NeighbourView(
+                    replica_seq=-1 if replica is None else replica.seq,
+                    silent_s=-1.0 if silent is None else silent,
+                    in_mix=peer in mix,
+                    distance_rms=-1.0
+                    if replica is None
+                    else float((x - replica.value).pow(2).mean().sqrt()),
+                )
+            return views
+
+        return await self._on_worker(work)

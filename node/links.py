@@ -1,0 +1,228 @@
+"""Outbound links: this node's deltas delivered to one neighbour, in order, never blocking.
+
+The receiver's replica is a replicated log of this node's public copy x̂. The link keeps it so
+with the least it can send: deltas in sequence on a long-lived stream while all goes well, and a
+snapshot of x̂ (which restarts the log) when the neighbour is new, when it reports a gap, when it
+could not be reached, or when it fell so far behind that the bounded queue overflowed. Memory per
+link is bounded by the queue, however slow the neighbour.
+
+A link is *busy* while ``window`` deltas are unacknowledged or queued. The node makes a new gossip
+round only when no healthy link is busy, so the rounds it makes are as fresh as the network can
+carry: skipping a round loses nothing, since x - x̂ keeps what was not sent (error feedback), while
+queueing rounds would only make every replica staler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import torch
+
+from gossip.messages import Delta, Member, SnapshotHeader
+from node import wire
+from node.telemetry import Counters, LinkCounters
+from node.transport.base import DeltaStream, Reason, Rejected, Transport, Unreachable
+
+__all__ = ["LinkConfig", "PeerLink"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """Args:
+    queue: deltas held for a neighbour; past that the link resyncs with a snapshot instead.
+    window: unacknowledged deltas after which the link counts as busy.
+    """
+
+    queue: int = 16
+    window: int = 2
+    call_timeout_s: float = 10.0
+    backoff_min_s: float = 0.1
+    backoff_max_s: float = 5.0
+
+
+class PeerLink:
+    """Args:
+    peer: whom to deliver to.
+    snapshot: returns x̂ on the host, with its header.
+    on_unknown: called when the peer does not know this node (it may have restarted), so the
+        node can introduce itself again before the link resyncs.
+    on_change: called whenever the link may have become busy or idle.
+    """
+
+    def __init__(
+        self,
+        peer: Member,
+        transport: Transport,
+        snapshot: Callable[[], Awaitable[tuple[SnapshotHeader, torch.Tensor]]],
+        cfg: LinkConfig,
+        counters: Counters,
+        on_unknown: Callable[[Member], Awaitable[None]],
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.peer = peer
+        self.transport = transport
+        self.cfg = cfg
+        self.counters = counters
+        self.stats = LinkCounters()
+        self._snapshot = snapshot
+        self._on_unknown = on_unknown
+        self._on_change = on_change
+        self._pending: deque[Delta] = deque()
+        self._wake = asyncio.Event()
+        self._error: Exception | None = None
+        self._resync = True  # a new neighbour has no replica of us yet
+        self._synced_seq = -1
+        self._in_flight = 0
+        self._stream: DeltaStream | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"link-{self.peer.node_id[:8]}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._drop_stream()
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """Streaming deltas (not resyncing or backing off after a failure)."""
+        return self._stream is not None and not self._resync
+
+    @property
+    def busy(self) -> bool:
+        """A healthy link that cannot take another round without it waiting in line."""
+        return self.healthy and self._in_flight + len(self._pending) >= self.cfg.window
+
+    def offer(self, delta: Delta) -> None:
+        """Queue a delta; never blocks. A full queue is dropped in favour of a resync."""
+        if len(self._pending) >= self.cfg.queue:
+            self._pending.clear()
+            self._resync = True
+        self._pending.append(delta)
+        self._wake.set()
+        self._on_change()
+
+    # -- sending ------------------------------------------------------------------------------
+
+    async def _drop_stream(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+            self._reader = None
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
+        self._in_flight = 0
+
+    async def _read_acks(self, stream: DeltaStream) -> None:
+        try:
+            while True:
+                await stream.next_ack()
+                self._in_flight = max(0, self._in_flight - 1)
+                self._on_change()
+        except (Rejected, Unreachable) as err:
+            self._error = err  # handled by the sending loop, which this wakes
+            self._wake.set()
+
+    async def _send_snapshot(self) -> None:
+        # The old stream goes first: a snapshot must not overtake deltas it already covers.
+        await self._drop_stream()
+        header, values = await self._snapshot()
+        await self.transport.call_push_snapshot(
+            self.peer.address, header, values, self.cfg.call_timeout_s
+        )
+        nbytes = wire.snapshot_nbytes(header)
+        self.stats.snapshots_sent += 1
+        self.stats.bytes_sent += nbytes
+        self.counters.bytes_sent += nbytes
+        self.counters.bytes_sent_fp32 += nbytes
+        self._synced_seq = header.seq
+        self._resync = False
+        self._stream = await self.transport.open_delta_stream(self.peer.address)
+        self._reader = asyncio.create_task(self._read_acks(self._stream))
+        self._on_change()
+
+    async def _send_delta(self, delta: Delta) -> None:
+        assert self._stream is not None
+        await self._stream.send(delta)
+        self._in_flight += 1
+        nbytes = wire.delta_nbytes(delta)
+        self.stats.deltas_sent += 1
+        self.stats.bytes_sent += nbytes
+        self.counters.bytes_sent += nbytes
+        self.counters.bytes_sent_fp32 += wire.delta_fp32_nbytes(delta)
+        self._synced_seq = delta.seq
+
+    async def _next_delta(self) -> Delta | None:
+        """The next queued delta not covered by the last snapshot; None on a stream error."""
+        while True:
+            if self._error is not None:
+                return None
+            while self._pending:
+                delta = self._pending.popleft()
+                if delta.seq > self._synced_seq:
+                    return delta
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _run(self) -> None:
+        backoff = self.cfg.backoff_min_s
+        while True:
+            try:
+                if self._resync:
+                    await self._send_snapshot()
+                delta = await self._next_delta()
+                if delta is None:
+                    err, self._error = self._error, None
+                    assert err is not None
+                    raise err
+                await self._send_delta(delta)
+                backoff = self.cfg.backoff_min_s
+                continue
+            except Rejected as err:
+                await self._drop_stream()
+                self._resync = True
+                if err.reason in (Reason.GAP, Reason.STALE):
+                    continue  # the snapshot repairs it
+                self.stats.failures += 1
+                if err.reason is Reason.UNKNOWN_SENDER:
+                    log.info(
+                        "%s does not know us yet; introducing ourselves", self.peer.node_id[:8]
+                    )
+                    with contextlib.suppress(Rejected, Unreachable):
+                        await self._on_unknown(self.peer)
+                elif err.reason in (Reason.NOT_READY, Reason.SHUTTING_DOWN):
+                    log.debug("%s is not taking messages: %s", self.peer.node_id[:8], err)
+                else:
+                    log.warning("%s refused our message: %s", self.peer.node_id[:8], err)
+            except Exception as err:  # Unreachable, or a bug: a link must never die quietly
+                if not isinstance(err, Unreachable):
+                    log.exception("link to %s failed", self.peer.node_id[:8])
+                await self._drop_stream()
+                self.stats.failures += 1
+                self._resync = True
+                self._pending.clear()
+                log.debug("%s unreachable: %s", self.peer.node_id[:8], err)
+            finally:
+                self._on_change()
+            # Back off with jitter before trying again, so a dead peer costs little.
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+            backoff = min(2 * backoff, self.cfg.backoff_max_s)

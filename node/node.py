@@ -1,0 +1,588 @@
+"""One murmur node: a trainer thread, a gossip worker, links to neighbours and a server.
+
+Usage::
+
+    node = await Node.create(cfg)
+    async with node:
+        await node.wait_failed()   # or until a signal
+
+Start-up: serve, introduce ourselves through the join addresses (learning the member list and
+checking the task fingerprint), derive neighbours from the member view, then start training once
+enough members are known. Gossip rounds follow the trainer's steps (at least ``local_steps``
+apart, and only when the links have carried the previous round) and, once the step budget is
+spent, a slow timer, so that a finished node keeps pulling toward the swarm and serving its model
+until it is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from types import TracebackType
+from typing import TypeVarTuple
+
+import torch
+
+from gossip.codecs import get_codec
+from gossip.membership import MemberView
+from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member, TaskFingerprint
+from gossip.replicas import GossipState
+from node.checkpoint import CHECKPOINT_FILE, atomic_write, save_checkpoint
+from node.config import NodeConfig
+from node.device import resolve_device
+from node.flat import FlatParams
+from node.gossiper import Gossiper, NeighbourView
+from node.identity import Identity, load_or_create_identity
+from node.links import LinkConfig, PeerLink
+from node.service import NodeService
+from node.status import NeighbourStatus, NodeStatus, status_to_json
+from node.tasks.base import Shard, Task, load_task
+from node.telemetry import Counters, MetricsLog
+from node.trainer import EvalResult, Trainer
+from node.transport.base import Reason, Rejected, Transport, Unreachable
+from node.transport.grpc import GrpcTransport, GrpcTransportConfig
+
+__all__ = ["JoinError", "MonotonicClock", "Node"]
+
+log = logging.getLogger(__name__)
+
+Ts = TypeVarTuple("Ts")
+
+SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.jsonl"
+#: Refusals that mean "not now" rather than "never": retry the join.
+_RETRYABLE = frozenset({Reason.SHUTTING_DOWN, Reason.NOT_READY})
+
+
+class JoinError(RuntimeError):
+    """The node could not join the swarm (refused, or nobody answered in time)."""
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+
+def _advertised(bound: str) -> str:
+    """The bound address, with a wildcard host replaced by this machine's primary address."""
+    host, _, port = bound.rpartition(":")
+    if host not in ("0.0.0.0", "[::]", "::", ""):
+        return bound
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("10.255.255.255", 1))  # UDP connect sends nothing; it only picks a route
+        return f"{s.getsockname()[0]}:{port}"
+    return f"127.0.0.1:{port}"
+
+
+def _max_message_bytes(numel: int) -> int:
+    """An fp32 delta of the whole model plus headroom for headers: larger input is refused."""
+    return 4 * numel + (1 << 20)
+
+
+class Node:
+    """Build with :meth:`create`; it does the I/O that construction needs."""
+
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        identity: Identity,
+        task: Task,
+        device: torch.device,
+        transport: Transport,
+        clock: MonotonicClock,
+    ) -> None:
+        self.cfg = cfg
+        self.identity = identity
+        self.node_id = identity.node_id
+        self.device = device
+        self.task = task
+        self.transport = transport
+        task.model.to(device)
+        self.flat = FlatParams(task.model)
+        g = cfg.gossip
+        self.fingerprint = TaskFingerprint(self.flat.specs, g.codec, g.block_size)
+        self.model_lock = threading.Lock()
+        rounding = torch.Generator(device=device).manual_seed(random.getrandbits(62))
+        self.state = GossipState(
+            self.flat.flat,
+            get_codec(g.codec, g.block_size),
+            clock,
+            rounding,
+            session=random.getrandbits(62),
+        )
+        self.gossiper = Gossiper(
+            self.node_id,
+            self.state,
+            self.flat,
+            self.model_lock,
+            g.step_size,
+            g.silence_limit_s,
+            clock,
+        )
+        trainer_cfg = dataclasses.replace(cfg.trainer, seed=cfg.seed * 1_000_003 + cfg.shard_index)
+        self.trainer = Trainer(
+            task,
+            device,
+            self.model_lock,
+            trainer_cfg,
+            after_step=self._after_step,
+            on_eval=self._from_trainer(self._on_eval),
+            on_done=self._from_trainer(self._on_training_done),
+        )
+        self.link_cfg = LinkConfig(queue=g.link_queue, call_timeout_s=g.call_timeout_s)
+        self.counters = Counters()
+        self.service = NodeService(self)
+        self.view = MemberView(Member(self.node_id, ""))
+        self.links: dict[str, PeerLink] = {}
+        self.address = ""
+        self.ready = False
+        self.closing = False
+        self.failure: BaseException | None = None
+        self.metrics: MetricsLog | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._topology_lock = asyncio.Lock()
+        self._view_changed = asyncio.Event()
+        # Round pacing, shared by the trainer thread and the event loop.
+        self._round_lock = threading.Lock()
+        self._making_round = False
+        self._links_idle = True
+        self._last_round_step = 0
+        self._failed = asyncio.Event()
+        self._change = asyncio.Event()  # replaced by a fresh one at every change
+        #: Set once the trainer has stopped for good (budget spent, or failed).
+        self.training_finished = asyncio.Event()
+        self._introduced: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopped = False
+
+    @classmethod
+    async def create(
+        cls,
+        cfg: NodeConfig,
+        transport: Transport | None = None,
+        clock: MonotonicClock | None = None,
+    ) -> Node:
+        """Load the identity, the device and the task; nothing starts yet.
+
+        Raises:
+            ValueError: the device or the task cannot be had.
+        """
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        identity = await asyncio.to_thread(load_or_create_identity, cfg.state_dir)
+        device = resolve_device(cfg.device)
+        factory = load_task(cfg.task)
+        # Seed right before the factory so that every node builds the same initial model.
+        torch.manual_seed(cfg.seed)
+        task = factory(Shard(cfg.shard_index, cfg.shard_count, cfg.alpha, cfg.seed))
+        if transport is None:
+            numel = sum(p.numel() for p in task.model.parameters())
+            transport = GrpcTransport(GrpcTransportConfig(_max_message_bytes(numel)))
+        return cls(cfg, identity, task, device, transport, clock or MonotonicClock())
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Node:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Serve, join, and start training once enough members are known.
+
+        Raises:
+            JoinError: every join address refused us or stayed silent.
+            OSError: the listen address cannot be bound.
+        """
+        self._loop = asyncio.get_running_loop()
+        bound = await self.transport.serve(self.service, self.cfg.listen)
+        self.address = self.cfg.advertise or _advertised(bound)
+        self.view = MemberView(Member(self.node_id, self.address))
+        self.metrics = MetricsLog(self.cfg.state_dir / METRICS_FILE)
+        self.metrics.write("start", node_id=self.node_id, address=self.address)
+        self.ready = True
+        log.info(
+            "node %s listening on %s (device %s, codec %s, %d parameters)",
+            self.node_id[:8],
+            self.address,
+            self.device,
+            self.cfg.gossip.codec,
+            self.flat.numel,
+        )
+        if self.cfg.join:
+            await self._join(self.cfg.join)
+        self._spawn(self._start_training(), "starter")
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Stop training and gossip, close the network, then write the final checkpoint.
+
+        The order matters: first nothing may change the model any more (trainer, then gossip
+        rounds), then nothing may arrive (server), and only then is the state written, so the
+        checkpoint is one consistent moment.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        self.closing = True
+        self.trainer.request_stop()
+        await asyncio.to_thread(self.trainer.join)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for link in list(self.links.values()):
+            await link.stop()
+        await self.transport.close(grace_s)
+        await asyncio.to_thread(self.gossiper.close)
+        if self.ready:
+            await asyncio.to_thread(self._write_final_state)
+        if self.metrics is not None:
+            self.metrics.close()
+        log.info("node %s stopped at step %d", self.node_id[:8], self.trainer.step)
+
+    async def wait_failed(self) -> BaseException:
+        """Returns the error that stopped this node's work (training diverged, say)."""
+        await self._failed.wait()
+        assert self.failure is not None
+        return self.failure
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> None:
+        """Wait until ``predicate()`` holds, re-checking whenever the node's state changes
+        (a round made or received, a step evaluated, a member learned, training finished).
+
+        Raises:
+            TimeoutError: it did not hold within ``timeout_s``.
+        """
+
+        async def wait() -> None:
+            while not predicate():
+                await self._change.wait()
+
+        await asyncio.wait_for(wait(), timeout_s)
+
+    def notify_change(self) -> None:
+        """Wake every :meth:`wait_until` (event loop only)."""
+        change, self._change = self._change, asyncio.Event()
+        change.set()
+
+    def _spawn(self, coro: object, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())  # type: ignore[arg-type]
+
+    def _fail(self, err: BaseException) -> None:
+        if self.failure is None:
+            log.error("node %s failed: %s", self.node_id[:8], err)
+            self.failure = err
+            self._failed.set()
+
+    # -- membership ---------------------------------------------------------------------------
+
+    def hello(self) -> Hello:
+        return Hello(PROTOCOL_VERSION, self.view.me, self.fingerprint, self.view.members)
+
+    async def introduce(self, address: str) -> Hello:
+        """Say hello to ``address``; learn its members. Raises Rejected or Unreachable."""
+        reply = await self.transport.call_hello(
+            address, self.hello(), self.cfg.gossip.call_timeout_s
+        )
+        if reply.protocol_version != PROTOCOL_VERSION:
+            raise Rejected(Reason.PROTOCOL_VERSION, f"{address} speaks {reply.protocol_version}")
+        differences = self.fingerprint.differences(reply.fingerprint)
+        if differences:
+            raise Rejected(Reason.FINGERPRINT, "; ".join(differences))
+        self._introduced.add(reply.self_.node_id)
+        await self.learn_members([reply.self_, *reply.members])
+        return reply
+
+    async def learn_members(
+        self, members: Iterable[Member], introduced: Member | None = None
+    ) -> None:
+        """Merge members into the view, introduce ourselves to new ones, re-derive neighbours."""
+        if introduced is not None:
+            self._introduced.add(introduced.node_id)
+        new = self.view.merge(members)
+        if not new:
+            return
+        log.info("node %s knows %d members", self.node_id[:8], len(self.view))
+        for m in new:
+            if m.node_id not in self._introduced:
+                self._introduced.add(m.node_id)
+                self._spawn(self._introduce_quietly(m), f"hello-{m.node_id[:8]}")
+        self._view_changed.set()
+        self.notify_change()
+        await self._update_topology()
+
+    async def _introduce_quietly(self, member: Member) -> None:
+        try:
+            await self.introduce(member.address)
+        except (Rejected, Unreachable) as err:
+            log.warning("could not introduce ourselves to %s: %s", member.node_id[:8], err)
+
+    async def _reintroduce(self, member: Member) -> None:
+        await self.introduce(member.address)
+
+    async def _join(self, addresses: Iterable[str]) -> None:
+        deadline = time.monotonic() + self.cfg.wait_timeout_s
+
+        async def through(address: str) -> None:
+            delay = 0.1
+            while True:
+                try:
+                    await self.introduce(address)
+                    return
+                except Rejected as err:
+                    if err.reason not in _RETRYABLE:
+                        raise JoinError(f"{address} refused us: {err}") from err
+                except Unreachable as err:
+                    if time.monotonic() > deadline:
+                        raise JoinError(f"{address} did not answer: {err}") from err
+                log.info("waiting for %s to answer", address)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 2.0)
+
+        results = await asyncio.gather(*(through(a) for a in addresses), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        refused = [e for e in errors if isinstance(e.__cause__, Rejected)]
+        if refused or len(errors) == len(results):
+            raise (refused or errors)[0]
+        for err in errors:
+            log.warning("join: %s", err)
+
+    async def _update_topology(self) -> None:
+        async with self._topology_lock:
+            g = self.cfg.gossip
+            graph = self.view.graph(g.topology, degree=g.degree, seed=g.seed)
+            me = self.node_id
+            mine = graph.neighbours(me)
+            weights = {j: 1.0 / (1 + max(graph.degree(me), graph.degree(j))) for j in mine}
+            await self.gossiper.set_neighbours(weights)
+            for peer_id in list(self.links):
+                if peer_id not in mine or self.links[peer_id].peer != self.view.get(peer_id):
+                    await self.links.pop(peer_id).stop()
+            for peer_id in sorted(mine - self.links.keys()):
+                peer = self.view.get(peer_id)
+                assert peer is not None
+                link = PeerLink(
+                    peer,
+                    self.transport,
+                    self.gossiper.snapshot,
+                    self.link_cfg,
+                    self.counters,
+                    on_unknown=self._reintroduce,
+                    on_change=self._links_changed,
+                )
+                self.links[peer_id] = link
+                link.start()
+            self._links_changed()
+            log.info(
+                "node %s neighbours (%s): %s",
+                me[:8],
+                g.topology,
+                " ".join(sorted(j[:8] for j in mine)),
+            )
+
+    # -- training and gossip ------------------------------------------------------------------
+
+    def _from_trainer(self, fn: Callable[[*Ts], None]) -> Callable[[*Ts], None]:
+        """Wrap a callback so that another thread hands it to the event loop."""
+
+        def call(*args: *Ts) -> None:
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # the loop closed in between
+                    loop.call_soon_threadsafe(fn, *args)
+
+        return call
+
+    async def _start_training(self) -> None:
+        want = self.cfg.wait_members
+        deadline = time.monotonic() + self.cfg.wait_timeout_s
+        while len(self.view) < want:
+            self._view_changed.clear()
+            log.info(
+                "node %s waiting for members: %d of %d", self.node_id[:8], len(self.view), want
+            )
+            try:
+                await asyncio.wait_for(self._view_changed.wait(), deadline - time.monotonic())
+            except TimeoutError:
+                log.warning(
+                    "node %s starts training with %d of %d members",
+                    self.node_id[:8],
+                    len(self.view),
+                    want,
+                )
+                break
+        self.trainer.start()
+
+    def _after_step(self, step: int) -> None:
+        """Trainer thread: start a gossip round if one is due and the links can take it."""
+        if step - self._last_round_step >= self.cfg.gossip.local_steps:
+            self._try_round(step)
+
+    def _try_round(self, step: int) -> bool:
+        """Start a round unless one is being made or a link is still busy; never blocks.
+
+        Rounds are paced by the network: ``local_steps`` is the least number of steps between
+        two rounds, and a round is skipped while the links still carry the last one. Skipping
+        loses nothing (x - x̂ keeps what was not sent), whereas queueing rounds that the network
+        cannot carry would only make every neighbour's replica staler.
+        """
+        with self._round_lock:
+            if self._making_round or not self._links_idle:
+                return False
+            self._making_round = True
+            self._last_round_step = step
+        fut = self.gossiper.submit_round(step)
+        fut.add_done_callback(self._from_trainer(self._round_made))
+        return True
+
+    def _links_changed(self) -> None:
+        """Event loop: a link may have become busy or idle."""
+        idle = not any(link.busy for link in self.links.values())
+        with self._round_lock:
+            self._links_idle = idle
+
+    def _round_made(self, fut: Future[Delta | None]) -> None:
+        try:
+            if fut.cancelled():
+                return
+            err = fut.exception()
+            if err is not None:
+                self._fail(err)
+                return
+            delta = fut.result()
+            if delta is None:
+                return
+            self.counters.rounds += 1
+            self.notify_change()
+            for link in self.links.values():
+                link.offer(delta)
+        finally:
+            with self._round_lock:
+                self._making_round = False
+            self._links_changed()
+
+    def _on_eval(self, result: EvalResult) -> None:
+        self.notify_change()
+        log.info(
+            "node %s step %d loss %.4f accuracy %.4f",
+            self.node_id[:8],
+            result.step,
+            result.loss,
+            result.accuracy,
+        )
+        if self.metrics is not None:
+            self.metrics.write(
+                "eval",
+                step=result.step,
+                loss=result.loss,
+                accuracy=result.accuracy,
+                train_loss=self.trainer.loss,
+                rounds=self.counters.rounds,
+                bytes_sent=self.counters.bytes_sent,
+                bytes_sent_fp32=self.counters.bytes_sent_fp32,
+            )
+
+    def _on_training_done(self) -> None:
+        self.training_finished.set()
+        self.notify_change()
+        if self.trainer.error is not None:
+            self._fail(self.trainer.error)
+            return
+        if not self.closing:
+            log.info("node %s finished training at step %d", self.node_id[:8], self.trainer.step)
+            self._spawn(self._idle_gossip(), "idle-gossip")
+
+    async def _idle_gossip(self) -> None:
+        """After training: keep mixing toward the swarm, on a timer, until stopped."""
+        while True:
+            self._try_round(self.trainer.step)
+            await asyncio.sleep(self.cfg.gossip.idle_round_interval_s)
+
+    # -- status and state ---------------------------------------------------------------------
+
+    async def status(self) -> NodeStatus:
+        return self._status(await self.gossiper.neighbour_views())
+
+    def _status(self, views: dict[str, NeighbourView] | None = None) -> NodeStatus:
+        """The node's figures; without ``views`` (after the worker stopped) links' only."""
+        neighbours = []
+        for peer_id in sorted(views or self.links):
+            v = (views or {}).get(peer_id, NeighbourView(-1, -1.0, False, -1.0))
+            link = self.links.get(peer_id)
+            member = self.view.get(peer_id)
+            neighbours.append(
+                NeighbourStatus(
+                    node_id=peer_id,
+                    address=member.address if member else "",
+                    replica_seq=v.replica_seq,
+                    silent_s=v.silent_s,
+                    in_mix=v.in_mix,
+                    bytes_sent=link.stats.bytes_sent if link else 0,
+                    deltas_sent=link.stats.deltas_sent if link else 0,
+                    snapshots_sent=link.stats.snapshots_sent if link else 0,
+                    distance_rms=v.distance_rms,
+                )
+            )
+        ev = self.trainer.last_eval
+        c = self.counters
+        return NodeStatus(
+            node_id=self.node_id,
+            address=self.address,
+            device=str(self.device),
+            codec=self.cfg.gossip.codec,
+            step=self.trainer.step,
+            step_budget=self.cfg.trainer.steps or 0,
+            training_done=self.trainer.done.is_set(),
+            loss=self.trainer.loss,
+            accuracy=ev.accuracy if ev else -1.0,
+            rounds=c.rounds,
+            bytes_sent=c.bytes_sent,
+            bytes_sent_fp32=c.bytes_sent_fp32,
+            bytes_received=c.bytes_received,
+            samples_per_s=self.trainer.samples_per_s,
+            neighbours=tuple(neighbours),
+            members=self.view.members,
+            rejected=dict(c.rejected),
+        )
+
+    def _write_final_state(self) -> None:
+        state_dir = self.cfg.state_dir
+        meta = {
+            "node_id": self.node_id,
+            "step": self.trainer.step,
+            "session": self.state.session,
+            "seq": self.state.seq,
+            "codec": self.cfg.gossip.codec,
+            "fingerprint": self.fingerprint.digest(),
+            "task": self.cfg.task,
+            "shard": [self.cfg.shard_index, self.cfg.shard_count],
+        }
+        save_checkpoint(
+            state_dir / CHECKPOINT_FILE, self.task.model.state_dict(), self.state.public, meta
+        )
+        status = self._status()
+        atomic_write(state_dir / SUMMARY_FILE, status_to_json(status).encode())
+        if self.metrics is not None:
+            self.metrics.write("stop", **json.loads(status_to_json(status)))

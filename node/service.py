@@ -1,0 +1,124 @@
+"""The node's inbound side: every message is checked before it touches state.
+
+A refused message raises :class:`Rejected` with a reason, is counted under that reason, and leaves
+the node exactly as it was: the state machine checks everything before it changes anything, and
+snapshots are assembled in a buffer of their own before they replace a replica.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, NoReturn
+
+import torch
+
+from gossip.codecs import CodecError, NonFiniteError, tensor_from_bytes
+from gossip.messages import PROTOCOL_VERSION, Delta, Hello, SnapshotHeader
+from gossip.replicas import GossipError, SequenceGap, StaleSequence, UnknownPeer
+from node import wire
+from node.status import NodeStatus
+from node.transport.base import Reason, Rejected, SnapshotChunk
+
+if TYPE_CHECKING:
+    from node.node import Node
+
+__all__ = ["NodeService"]
+
+log = logging.getLogger(__name__)
+
+
+def _reason_of(err: Exception) -> Reason:
+    if isinstance(err, UnknownPeer):
+        return Reason.UNKNOWN_SENDER
+    if isinstance(err, SequenceGap):
+        return Reason.GAP
+    if isinstance(err, StaleSequence):
+        return Reason.STALE
+    if isinstance(err, NonFiniteError):
+        return Reason.NON_FINITE
+    return Reason.BAD_PAYLOAD
+
+
+class NodeService:
+    """Implements the transport's ``Handler`` for one node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def note_rejected(self, reason: Reason, detail: str) -> None:
+        self.node.counters.rejected[str(reason)] += 1
+        log.debug("rejected (%s): %s", reason, detail)
+
+    def _refuse(self, reason: Reason, detail: str) -> NoReturn:
+        self.note_rejected(reason, detail)
+        raise Rejected(reason, detail)
+
+    def _check_common(self, protocol_version: int) -> None:
+        if self.node.closing:
+            self._refuse(Reason.SHUTTING_DOWN, "this node is shutting down")
+        if not self.node.ready:
+            self._refuse(Reason.NOT_READY, "this node is still starting")
+        if protocol_version != PROTOCOL_VERSION:
+            self._refuse(
+                Reason.PROTOCOL_VERSION,
+                f"protocol version {protocol_version} is not ours ({PROTOCOL_VERSION})",
+            )
+
+    async def rpc_hello(self, hello: Hello) -> Hello:
+        self._check_common(hello.protocol_version)
+        differences = self.node.fingerprint.differences(hello.fingerprint, "we have", "you have")
+        if differences:
+            self._refuse(
+                Reason.FINGERPRINT, "the task differs from this swarm's: " + "; ".join(differences)
+            )
+        if hello.self_.node_id == self.node.node_id:
+            self._refuse(Reason.MALFORMED, "the caller claims this node's own id")
+        await self.node.learn_members([hello.self_, *hello.members], introduced=hello.self_)
+        return self.node.hello()
+
+    async def rpc_push_delta(self, delta: Delta) -> int:
+        self._check_common(delta.protocol_version)
+        try:
+            seq = await self.node.gossiper.receive_delta(delta)
+        except (GossipError, CodecError) as err:
+            self._refuse(_reason_of(err), str(err))
+        self.node.counters.bytes_received += wire.delta_nbytes(delta)
+        self.node.notify_change()
+        return seq
+
+    async def rpc_push_snapshot(
+        self, header: SnapshotHeader, chunks: AsyncIterator[SnapshotChunk]
+    ) -> int:
+        self._check_common(header.protocol_version)
+        try:
+            await self.node.gossiper.check_snapshot(header)
+        except (GossipError, CodecError) as err:
+            self._refuse(_reason_of(err), str(err))
+        # One model-sized buffer plus one chunk in flight: memory stays bounded.
+        values = torch.empty(header.numel, dtype=torch.float32)
+        filled = 0
+        async for chunk in chunks:
+            n, rest = divmod(len(chunk.data), 4)
+            if chunk.offset != filled or rest or filled + n > header.numel:
+                self._refuse(
+                    Reason.MALFORMED,
+                    f"snapshot chunk at {chunk.offset} with {len(chunk.data)} bytes does not "
+                    f"follow the {filled} values received of {header.numel}",
+                )
+            values[filled : filled + n] = tensor_from_bytes(chunk.data, torch.float32)
+            filled += n
+        if filled != header.numel:
+            self._refuse(
+                Reason.MALFORMED, f"snapshot ended after {filled} of {header.numel} values"
+            )
+        try:
+            seq = await self.node.gossiper.receive_snapshot(header, values)
+        except (GossipError, CodecError) as err:
+            self._refuse(_reason_of(err), str(err))
+        self.node.counters.bytes_received += wire.snapshot_nbytes(header)
+        self.node.notify_change()
+        return seq
+
+    async def rpc_status(self) -> NodeStatus:
+        return await self.node.status()

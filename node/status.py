@@ -1,0 +1,90 @@
+"""A node's view of itself and its neighbours, as served by the Status RPC and shown by the CLI."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from gossip.messages import Member
+
+__all__ = ["NeighbourStatus", "NodeStatus", "format_status", "status_to_json"]
+
+
+@dataclass(frozen=True)
+class NeighbourStatus:
+    node_id: str
+    address: str
+    replica_seq: int  # -1: no snapshot yet
+    silent_s: float  # -1: never heard from
+    in_mix: bool
+    bytes_sent: int
+    deltas_sent: int
+    snapshots_sent: int
+    distance_rms: float  # RMS of x_i - x̂_j; -1 when unknown
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node_id: str
+    address: str
+    device: str
+    codec: str
+    step: int
+    step_budget: int  # 0: no budget
+    training_done: bool
+    loss: float
+    accuracy: float  # -1 before the first evaluation
+    rounds: int
+    bytes_sent: int
+    bytes_sent_fp32: int
+    bytes_received: int
+    samples_per_s: float
+    neighbours: tuple[NeighbourStatus, ...] = ()
+    members: tuple[Member, ...] = ()
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def compression_ratio(self) -> float:
+        """Bytes sent as a fraction of what fp32 payloads would have taken."""
+        return self.bytes_sent / self.bytes_sent_fp32 if self.bytes_sent_fp32 else 1.0
+
+
+def status_to_json(status: NodeStatus) -> str:
+    return json.dumps(asdict(status), indent=2, sort_keys=True)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_status(s: NodeStatus) -> str:
+    """A readable multi-line table of one node's view."""
+    budget = f"/{s.step_budget}" if s.step_budget else ""
+    acc = f"{s.accuracy:.3f}" if s.accuracy >= 0 else "-"
+    lines = [
+        f"node {s.node_id[:12]} at {s.address} ({s.device}, codec {s.codec})",
+        f"  step {s.step}{budget}{' (done)' if s.training_done else ''}  loss {s.loss:.4f}  "
+        f"accuracy {acc}  {s.samples_per_s:.0f} samples/s  rounds {s.rounds}",
+        f"  sent {_fmt_bytes(s.bytes_sent)} ({100 * s.compression_ratio:.1f}% of fp32)  "
+        f"received {_fmt_bytes(s.bytes_received)}",
+    ]
+    if s.rejected:
+        lines.append("  rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(s.rejected.items())))
+    lines.append(f"  neighbours ({len(s.neighbours)}):")
+    lines.append(
+        f"    {'node':12} {'address':21} {'seq':>6} {'silent':>7} {'mix':>3} "
+        f"{'distance':>9} {'sent':>10}"
+    )
+    for n in s.neighbours:
+        silent = f"{n.silent_s:.1f}s" if n.silent_s >= 0 else "never"
+        dist = f"{n.distance_rms:.2e}" if n.distance_rms >= 0 else "-"
+        lines.append(
+            f"    {n.node_id[:12]:12} {n.address:21} {n.replica_seq:>6} {silent:>7} "
+            f"{'yes' if n.in_mix else 'no':>3} {dist:>9} {_fmt_bytes(n.bytes_sent):>10}"
+        )
+    lines.append(f"  members ({len(s.members)}): " + ", ".join(m.node_id[:8] for m in s.members))
+    return "\n".join(lines)

@@ -1,0 +1,320 @@
+"""``murmur swarm``: N real node processes on loopback, live progress, and a final report.
+
+The first node starts alone; the others join through it (its Hello reply tells them about
+everyone else). Every node waits until it knows all N members before training, trains its step
+budget, then keeps gossiping. Once every node has finished, the swarm lets each do a few more
+rounds (``settle_rounds``), stops them all with SIGTERM (each writes its final checkpoint), and
+judges the checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from node.config import GossipConfig
+from node.evaluation import RunReport, evaluate_run, train_reference
+from node.status import NodeStatus
+from node.transport.base import Rejected, Unreachable
+from node.transport.grpc import GrpcTransport
+
+__all__ = ["NodeProcess", "SwarmConfig", "SwarmError", "node_argv", "run_swarm"]
+
+
+class SwarmError(RuntimeError):
+    """A node process failed to start or died."""
+
+
+@dataclass(frozen=True)
+class SwarmConfig:
+    nodes: int = 8
+    steps: int = 600
+    duration_s: float | None = None
+    task: str = "digits"
+    alpha: float | None = 0.5
+    seed: int = 0
+    device: str = "cpu"
+    eval_every: int = 100
+    settle_rounds: int = 20
+    workdir: Path | None = None
+    baseline: bool = True
+    progress: bool = True
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+    start_timeout_s: float = 120.0
+    stop_timeout_s: float = 60.0
+    progress_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ValueError("a swarm needs at least one node")
+        if self.steps < 1:
+            raise ValueError("steps must be at least 1")
+
+
+class NodeProcess:
+    """One ``murmur run`` child; its stderr goes to ``node.log`` in its state dir."""
+
+    def __init__(self, index: int, state_dir: Path) -> None:
+        self.index = index
+        self.state_dir = state_dir
+        self.proc: asyncio.subprocess.Process | None = None
+        self.node_id = ""
+        self.address = ""
+        self._log: IO[bytes] | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    async def start(self, argv: list[str], timeout_s: float) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._log = (self.state_dir / "node.log").open("wb")
+        self.proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=self._log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert self.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
+        except TimeoutError:
+            raise SwarmError(f"node {self.index} did not start within {timeout_s:g} s") from None
+        if not line:
+            await self.proc.wait()
+            raise SwarmError(
+                f"node {self.index} exited with {self.proc.returncode} before it was ready:\n"
+                + self.log_tail()
+            )
+        ready = json.loads(line)
+        self.node_id, self.address = ready["node_id"], ready["address"]
+        self._drain = asyncio.create_task(self._drain_stdout())
+
+    async def _drain_stdout(self) -> None:
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        while await self.proc.stdout.readline():
+            pass
+
+    def log_tail(self, lines: int = 20) -> str:
+        path = self.state_dir / "node.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    @property
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.returncode is not None
+
+    async def stop(self, timeout_s: float) -> int:
+        """SIGTERM, then wait; SIGKILL if it does not exit in time. Returns the exit code."""
+        if self.proc is None:
+            return 0
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout_s)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        if self._drain is not None:
+            await self._drain
+        if self._log is not None:
+            self._log.close()
+        assert self.proc.returncode is not None
+        return self.proc.returncode
+
+
+def node_argv(
+    cfg: SwarmConfig, index: int, state_dir: Path, join: str | None, alone: bool = False
+) -> list[str]:
+    """``murmur run`` arguments for node ``index``; ``alone`` trains without waiting for others."""
+    g = cfg.gossip
+    argv = [
+        sys.executable,
+        "-m",
+        "node",
+        "run",
+        "--listen",
+        "127.0.0.1:0",
+        "--state-dir",
+        str(state_dir),
+        "--task",
+        cfg.task,
+        "--shard",
+        f"{index}/{cfg.nodes}",
+        "--seed",
+        str(cfg.seed),
+        "--device",
+        cfg.device,
+        "--threads",
+        "1",
+        "--wait-members",
+        "1" if alone else str(cfg.nodes),
+        "--wait-timeout",
+        str(cfg.start_timeout_s),
+        "--steps",
+        str(cfg.steps),
+        "--eval-every",
+        str(cfg.eval_every),
+        "--topology",
+        g.topology,
+        "--degree",
+        str(g.degree),
+        "--compress",
+        g.codec,
+        "--block-size",
+        str(g.block_size),
+        "--local-steps",
+        str(g.local_steps),
+    ]
+    if g.gamma is not None:
+        argv += ["--gamma", str(g.gamma)]
+    if cfg.alpha is not None:
+        argv += ["--alpha", str(cfg.alpha)]
+    if join:
+        argv += ["--join", join]
+    return argv
+
+
+def _progress_table(cfg: SwarmConfig, statuses: list[NodeStatus | None], elapsed: float) -> str:
+    g = cfg.gossip
+    lines = [
+        f"murmur swarm: {cfg.nodes} nodes, {g.topology}, {g.codec}, {cfg.steps} steps each"
+        f"  [{elapsed:5.1f} s]",
+        f"  {'node':8} {'step':>11} {'loss':>7} {'acc':>6} {'mix':>5} {'sent':>10} {'vs fp32':>8}",
+    ]
+    for s in statuses:
+        if s is None:
+            lines.append("  (no answer)")
+            continue
+        acc = f"{s.accuracy:.3f}" if s.accuracy >= 0 else "-"
+        mixing = sum(n.in_mix for n in s.neighbours)
+        lines.append(
+            f"  {s.node_id[:8]} {f'{s.step}/{s.step_budget}':>11} {s.loss:7.4f} {acc:>6} "
+            f"{f'{mixing}/{len(s.neighbours)}':>5} {s.bytes_sent / 2**20:7.2f} MiB "
+            f"{100 * s.compression_ratio:7.1f}%"
+        )
+    return "\n".join(lines)
+
+
+class _Progress:
+    """Redraws the table in place on a terminal; prints it now and then otherwise."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.tty = sys.stdout.isatty()
+        self._lines = 0
+        self._last = 0.0
+
+    def show(self, text: str, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not self.tty and not force and now - self._last < 5.0:
+            return
+        self._last = now
+        if self.tty and self._lines:
+            sys.stdout.write(f"\x1b[{self._lines}F\x1b[J")
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        self._lines = text.count("\n") + 1
+
+
+async def _poll(transport: GrpcTransport, procs: list[NodeProcess]) -> list[NodeStatus | None]:
+    async def one(p: NodeProcess) -> NodeStatus | None:
+        try:
+            return await transport.call_status(p.address, 5.0)
+        except (Unreachable, Rejected):
+            return None
+
+    return list(await asyncio.gather(*(one(p) for p in procs)))
+
+
+async def _supervise(cfg: SwarmConfig, procs: list[NodeProcess], transport: GrpcTransport) -> None:
+    """Show progress until every node has trained and settled, or the duration is up."""
+    progress = _Progress(cfg.progress)
+    started = time.monotonic()
+    settle_from: dict[str, int] | None = None
+    while True:
+        for p in procs:
+            if p.exited:
+                raise SwarmError(
+                    f"node {p.index} exited early with {p.proc.returncode if p.proc else '?'}:\n"
+                    + p.log_tail()
+                )
+        statuses = await _poll(transport, procs)
+        elapsed = time.monotonic() - started
+        progress.show(_progress_table(cfg, statuses, elapsed))
+        known = [s for s in statuses if s is not None]
+        if len(known) == len(procs) and all(s.training_done for s in known):
+            rounds = {s.node_id: s.rounds for s in known}
+            if settle_from is None:
+                settle_from = rounds
+            elif all(rounds[i] >= settle_from[i] + cfg.settle_rounds for i in rounds):
+                progress.show(_progress_table(cfg, statuses, elapsed), force=True)
+                return
+        if cfg.duration_s is not None and elapsed >= cfg.duration_s:
+            progress.show(_progress_table(cfg, statuses, elapsed), force=True)
+            return
+        await asyncio.sleep(cfg.progress_interval_s)
+
+
+async def run_swarm(cfg: SwarmConfig) -> int:
+    """Run the swarm to the end and print the report; returns the process exit code."""
+    workdir = cfg.workdir or Path("murmur-runs") / time.strftime("%Y%m%d-%H%M%S")
+    workdir.mkdir(parents=True, exist_ok=True)
+    procs = [NodeProcess(i, workdir / f"node-{i}") for i in range(cfg.nodes)]
+    transport = GrpcTransport()
+    print(f"murmur swarm: starting {cfg.nodes} nodes in {workdir}", flush=True)
+    codes: list[int] = []
+    try:
+        await procs[0].start(node_argv(cfg, 0, procs[0].state_dir, None), cfg.start_timeout_s)
+        await asyncio.gather(
+            *(
+                p.start(node_argv(cfg, p.index, p.state_dir, procs[0].address), cfg.start_timeout_s)
+                for p in procs[1:]
+            )
+        )
+        await _supervise(cfg, procs, transport)
+    except SwarmError as err:
+        print(f"murmur swarm: {err}", file=sys.stderr)
+        return 1
+    finally:
+        codes = list(await asyncio.gather(*(p.stop(cfg.stop_timeout_s) for p in procs)))
+        await transport.close(0)
+    bad = [(p.index, c) for p, c in zip(procs, codes, strict=True) if c != 0]
+    if bad:
+        for index, code in bad:
+            print(
+                f"murmur swarm: node {index} exited with {code}:\n{procs[index].log_tail()}",
+                file=sys.stderr,
+            )
+        return 1
+    report = await asyncio.to_thread(_judge, cfg, [p.state_dir for p in procs])
+    (workdir / "report.json").write_text(report.to_json())
+    (workdir / "report.md").write_text(report.to_markdown() + "\n")
+    print(report.to_markdown())
+    print(f"\nreport: {workdir / 'report.md'}")
+    return 0
+
+
+def _judge(cfg: SwarmConfig, state_dirs: list[Path]) -> RunReport:
+    report = evaluate_run(state_dirs, cfg.task, cfg.seed, cfg.device)
+    if not cfg.baseline:
+        return report
+    steps = sum(r.steps for r in report.nodes)  # same batch size: same number of samples
+    accuracy = train_reference(cfg.task, cfg.seed, steps, cfg.device)
+    return RunReport(
+        report.nodes,
+        report.averaged_loss,
+        report.averaged_accuracy,
+        report.consensus_distance,
+        accuracy,
+        steps,
+    )

@@ -1,0 +1,178 @@
+"""Local SGD on a worker thread, so that the event loop (and gossip) never waits for it."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from node.tasks.base import Task, evaluate
+
+__all__ = ["EvalResult", "Trainer", "TrainerConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Args:
+    steps: local step budget; None trains until stopped.
+    eval_every: evaluate on the task's eval data every this many steps (and at the end).
+    seed: seeds batch order (each node passes its own).
+    """
+
+    steps: int | None = None
+    eval_every: int = 100
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    step: int
+    loss: float
+    accuracy: float
+
+
+def _batches(task: Task, device: torch.device, seed: int) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Endless shuffled batches; epochs reshuffle. Tensor datasets are sliced on the device."""
+    gen = torch.Generator().manual_seed(seed)
+    data = task.train
+    if isinstance(data, TensorDataset):
+        tensors = [t.to(device) for t in data.tensors]
+        n = len(tensors[0])
+        while True:
+            order = torch.randperm(n, generator=gen).to(device)
+            for start in range(0, n, task.batch_size):
+                idx = order[start : start + task.batch_size]
+                yield tuple(t[idx] for t in tensors)
+    else:
+        loader = DataLoader(data, batch_size=task.batch_size, shuffle=True, generator=gen)
+        while True:
+            for batch in loader:
+                yield tuple(t.to(device) for t in batch)
+
+
+class Trainer:
+    """Runs the task's local steps on a thread of its own.
+
+    Each step (forward, backward, optimizer) holds ``model_lock``: the consensus step writes the
+    same parameters in place and must not land between a forward pass and its backward pass
+    (autograd would find its saved tensors changed). The lock is never held while waiting on
+    the network.
+
+    Args:
+        task: the model must already sit on ``device``, parameters flattened.
+        model_lock: shared with whoever else writes the parameters.
+        after_step: called from the training thread after every step, with the step number and
+            without the lock; it may block briefly (the node waits there for its last gossip
+            round, local work only, so that gossip keeps pace with training).
+        on_eval: called from the training thread after every evaluation.
+        on_done: called from the training thread when it ends (budget spent, stopped or failed).
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        device: torch.device,
+        model_lock: threading.Lock,
+        cfg: TrainerConfig,
+        after_step: Callable[[int], None] = lambda step: None,
+        on_eval: Callable[[EvalResult], None] = lambda result: None,
+        on_done: Callable[[], None] = lambda: None,
+        start_step: int = 0,
+    ) -> None:
+        if len(task.train) == 0:  # type: ignore[arg-type]
+            raise ValueError("this node's training shard is empty")
+        self.task = task
+        self.device = device
+        self.cfg = cfg
+        self.model_lock = model_lock
+        self.optimizer = task.make_optimizer()
+        self._after_step = after_step
+        self._on_eval = on_eval
+        self._on_done = on_done
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trainer", daemon=True)
+        self.step = start_step
+        self.samples = 0
+        self.loss = math.nan
+        self.last_eval: EvalResult | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._started_at = 0.0
+        self._ended_at = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._started_at = time.perf_counter()
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.ident is not None:  # never started: nothing to wait for
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def samples_per_s(self) -> float:
+        """Training throughput over wall time, waits included."""
+        end = self._ended_at or time.perf_counter()
+        elapsed = end - self._started_at
+        return self.samples / elapsed if self._started_at and elapsed > 0 else 0.0
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def evaluate(self) -> EvalResult:
+        with self.model_lock:
+            loss, acc = evaluate(self.task.model, self.task.eval, self.task.loss, self.device)
+        result = EvalResult(self.step, loss, acc)
+        self.last_eval = result
+        return result
+
+    def _train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        model = self.task.model
+        with self.model_lock:
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.task.loss(model(inputs), targets)
+            loss.backward()  # type: ignore[no-untyped-call]
+            self.optimizer.step()
+        return float(loss.detach())
+
+    def _run(self) -> None:
+        try:
+            self.task.model.train()
+            batches = _batches(self.task, self.device, self.cfg.seed)
+            budget = self.cfg.steps
+            while not self._stop.is_set() and (budget is None or self.step < budget):
+                inputs, targets = next(batches)
+                loss = self._train_step(inputs, targets)
+                self.step += 1
+                self.samples += len(targets)
+                self.loss = loss if math.isnan(self.loss) else 0.9 * self.loss + 0.1 * loss
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"training loss became {loss} at step {self.step}")
+                self._after_step(self.step)
+                if self.step % self.cfg.eval_every == 0:
+                    self._on_eval(self.evaluate())
+            finished = budget is not None and self.step >= budget
+            if finished and (self.last_eval is None or self.last_eval.step != self.step):
+                self._on_eval(self.evaluate())
+        except BaseException as exc:  # surfaced by the node, which stops on it
+            log.exception("trainer failed")
+            self.error = exc
+        finally:
+            self._ended_at = time.perf_counter()
+            self.done.set()
+            self._on_done()

@@ -1,0 +1,142 @@
+"""The transport interface: inbound ``Handler`` (rpc_*) and outbound ``Transport`` (call_*).
+
+Both speak the core's dataclasses. A transport carries messages and maps refusals both ways:
+a handler raises :class:`Rejected`; the caller's ``call_*`` raises the same :class:`Rejected`,
+whatever travelled in between. Failing to reach the peer at all raises :class:`Unreachable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+import torch
+
+from gossip.codecs import tensor_to_bytes
+from gossip.messages import Delta, Hello, SnapshotHeader
+from node.status import NodeStatus
+
+__all__ = [
+    "INVALID_ARGUMENT_REASONS",
+    "DeltaStream",
+    "Handler",
+    "Reason",
+    "Rejected",
+    "SnapshotChunk",
+    "Transport",
+    "Unreachable",
+    "iter_chunks",
+]
+
+#: Values per snapshot chunk (1 MiB of float32).
+CHUNK_VALUES = 1 << 18
+
+
+class Reason(StrEnum):
+    """Why a message was refused; also the label of the node's rejection counters."""
+
+    MALFORMED = "malformed"
+    PROTOCOL_VERSION = "protocol_version"
+    FINGERPRINT = "fingerprint"
+    UNKNOWN_SENDER = "unknown_sender"
+    BAD_PAYLOAD = "bad_payload"
+    NON_FINITE = "non_finite"
+    GAP = "gap"
+    STALE = "stale"
+    NOT_READY = "not_ready"
+    SHUTTING_DOWN = "shutting_down"
+
+
+#: Reasons that mean the message itself is wrong (INVALID_ARGUMENT); the others mean it does not
+#: fit the receiver's state (FAILED_PRECONDITION).
+INVALID_ARGUMENT_REASONS = frozenset({Reason.MALFORMED, Reason.BAD_PAYLOAD, Reason.NON_FINITE})
+
+
+class Rejected(Exception):
+    """The receiver refused a message; its state did not change."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}")
+
+
+class Unreachable(Exception):
+    """The peer could not be reached, or did not answer in time."""
+
+
+@dataclass(frozen=True)
+class SnapshotChunk:
+    offset: int  # index of the first value
+    data: bytes  # little-endian float32
+
+
+def iter_chunks(values: torch.Tensor, chunk_values: int = CHUNK_VALUES) -> Iterator[SnapshotChunk]:
+    """Cut a flat float32 vector into chunks, each copied to the host only when it is due."""
+    for offset in range(0, values.numel(), chunk_values):
+        yield SnapshotChunk(offset, tensor_to_bytes(values[offset : offset + chunk_values]))
+
+
+class DeltaStream(Protocol):
+    """An open, ordered stream of deltas to one peer, each acknowledged once applied.
+
+    After the peer refuses a delta the stream is dead: ``next_ack`` (and any later ``send``)
+    raises the :class:`Rejected`, or :class:`Unreachable` when the connection failed, and the
+    sender must open a new stream.
+    """
+
+    async def send(self, delta: Delta) -> None: ...
+
+    async def next_ack(self) -> int:
+        """Waits for the next acknowledgement; returns the peer's replica sequence number."""
+        ...
+
+    def cancel(self) -> None:
+        """Abandon the stream at once; deltas not yet applied are dropped."""
+        ...
+
+
+class Handler(Protocol):
+    """A node's inbound side, the same whichever transport delivers."""
+
+    async def rpc_hello(self, hello: Hello) -> Hello: ...
+
+    async def rpc_push_delta(self, delta: Delta) -> int:
+        """Returns the replica's sequence number after applying the delta."""
+        ...
+
+    async def rpc_push_snapshot(
+        self, header: SnapshotHeader, chunks: AsyncIterator[SnapshotChunk]
+    ) -> int: ...
+
+    async def rpc_status(self) -> NodeStatus: ...
+
+    def note_rejected(self, reason: Reason, detail: str) -> None:
+        """Counts a message the transport refused before it could reach an rpc_* method."""
+        ...
+
+
+class Transport(Protocol):
+    """Serves one handler and calls other nodes."""
+
+    async def serve(self, handler: Handler, listen: str) -> str:
+        """Starts serving; returns the address actually bound (port 0 resolved)."""
+        ...
+
+    async def call_hello(self, address: str, hello: Hello, timeout_s: float) -> Hello: ...
+
+    async def call_push_delta(self, address: str, delta: Delta, timeout_s: float) -> int: ...
+
+    async def open_delta_stream(self, address: str) -> DeltaStream: ...
+
+    async def call_push_snapshot(
+        self, address: str, header: SnapshotHeader, values: torch.Tensor, timeout_s: float
+    ) -> int: ...
+
+    async def call_status(self, address: str, timeout_s: float) -> NodeStatus: ...
+
+    async def close(self, grace_s: float) -> None:
+        """Stops serving (in-flight calls get ``grace_s`` to finish) and closes every channel."""
+        ...

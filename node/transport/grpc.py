@@ -1,0 +1,298 @@
+"""The gRPC transport: a grpc.aio server for the node's handler, and one channel per peer.
+
+Refusals travel as a gRPC status (INVALID_ARGUMENT when the message itself is wrong,
+FAILED_PRECONDITION when it does not fit the receiver's state) with the reason in the trailing
+metadata key ``murmur-reason``, so the caller gets back the same :class:`Rejected`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+import torch
+
+from gossip.messages import Delta, Hello, SnapshotHeader
+from node import wire
+from node.status import NodeStatus
+from node.transport.base import (
+    INVALID_ARGUMENT_REASONS,
+    Handler,
+    Reason,
+    Rejected,
+    SnapshotChunk,
+    Unreachable,
+    iter_chunks,
+)
+from protos import murmur_pb2_grpc
+
+__all__ = ["GrpcTransport", "GrpcTransportConfig"]
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M")
+D = TypeVar("D")
+
+REASON_KEY = "murmur-reason"
+#: Codes that mean "could not talk to the peer", not "the peer said no".
+_UNREACHABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+    }
+)
+
+
+@dataclass(frozen=True)
+class GrpcTransportConfig:
+    """Args:
+    max_message_bytes: the largest single message sent or accepted; the node sets it from the
+        model's size (an fp32 delta plus headroom), so oversized input is refused by gRPC itself.
+    """
+
+    max_message_bytes: int = 64 << 20
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        return [
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.keepalive_time_ms", 30_000),
+        ]
+
+
+def _status_code(reason: Reason) -> grpc.StatusCode:
+    if reason in INVALID_ARGUMENT_REASONS:
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if reason in (Reason.SHUTTING_DOWN, Reason.NOT_READY):
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.FAILED_PRECONDITION
+
+
+class _Servicer(murmur_pb2_grpc.MurmurServicer):
+    """Decodes, calls the handler, encodes; maps :class:`Rejected` to a status."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+
+    def _decode(self, decode: Callable[[M], D], raw: M) -> D:
+        """Decode a message; a malformed one is counted before it is refused."""
+        try:
+            return decode(raw)
+        except Rejected as err:
+            self.handler.note_rejected(err.reason, err.detail)
+            raise
+
+    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], err: Rejected) -> None:
+        await context.abort(
+            _status_code(err.reason),
+            f"{err.reason}: {err.detail}",
+            trailing_metadata=((REASON_KEY, str(err.reason)),),
+        )
+
+    async def Hello(  # noqa: N802 (gRPC method names)
+        self, request: wire.pb.Hello, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> wire.pb.Hello:
+        try:
+            hello = self._decode(wire.hello_from_pb, request)
+            return wire.hello_to_pb(await self.handler.rpc_hello(hello))
+        except Rejected as err:
+            await self._refuse(context, err)
+            raise AssertionError("abort returned") from err
+
+    async def PushDelta(  # noqa: N802
+        self, request: wire.pb.Delta, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> wire.pb.DeltaAck:
+        try:
+            delta = self._decode(wire.delta_from_pb, request)
+            return wire.pb.DeltaAck(replica_seq=await self.handler.rpc_push_delta(delta))
+        except Rejected as err:
+            await self._refuse(context, err)
+            raise AssertionError("abort returned") from err
+
+    async def StreamDeltas(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[wire.pb.Delta],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[wire.pb.DeltaAck]:
+        try:
+            async for request in request_iterator:
+                delta = self._decode(wire.delta_from_pb, request)
+                yield wire.pb.DeltaAck(replica_seq=await self.handler.rpc_push_delta(delta))
+        except Rejected as err:
+            await self._refuse(context, err)
+            raise AssertionError("abort returned") from err
+
+    async def PushSnapshot(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[wire.pb.SnapshotChunk],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> wire.pb.SnapshotAck:
+        try:
+            try:
+                first = await anext(aiter(request_iterator))
+            except StopAsyncIteration:
+                err = Rejected(Reason.MALFORMED, "empty snapshot stream")
+                self.handler.note_rejected(err.reason, err.detail)
+                raise err from None
+            header, chunk0 = self._decode(wire.snapshot_chunk_from_pb, first)
+
+            async def chunks() -> AsyncIterator[SnapshotChunk]:
+                yield chunk0
+                async for raw in request_iterator:
+                    h, chunk = self._decode(wire.snapshot_chunk_from_pb, raw)
+                    if h != header:
+                        err = Rejected(Reason.MALFORMED, "snapshot chunks disagree on a header")
+                        self.handler.note_rejected(err.reason, err.detail)
+                        raise err
+                    yield chunk
+
+            seq = await self.handler.rpc_push_snapshot(header, chunks())
+            return wire.pb.SnapshotAck(replica_seq=seq)
+        except Rejected as err:
+            await self._refuse(context, err)
+            raise AssertionError("abort returned") from err
+
+    async def Status(  # noqa: N802
+        self, request: wire.pb.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> wire.pb.NodeStatus:
+        return wire.status_to_pb(await self.handler.rpc_status())
+
+
+def _error_of(
+    address: str, code: grpc.StatusCode, details: str | None, metadata: Any
+) -> Rejected | Unreachable:
+    for key, value in metadata or ():
+        if key == REASON_KEY:
+            try:
+                reason = Reason(value)
+            except ValueError:
+                break
+            return Rejected(reason, (details or "").removeprefix(f"{reason}: "))
+    if code in _UNREACHABLE_CODES or code == grpc.StatusCode.OK:
+        return Unreachable(f"{address}: {code.name}: {details}")
+    return Rejected(Reason.MALFORMED, f"{address} answered {code.name}: {details}")
+
+
+def _map_error(address: str, err: grpc.aio.AioRpcError) -> Rejected | Unreachable:
+    return _error_of(address, err.code(), err.details(), err.trailing_metadata())
+
+
+class GrpcDeltaStream:
+    """A StreamDeltas call: deltas written, acknowledgements read, in order."""
+
+    def __init__(self, address: str, call: Any) -> None:
+        self.address = address
+        self._call = call
+
+    async def _failure(self) -> Rejected | Unreachable:
+        call = self._call
+        return _error_of(
+            self.address, await call.code(), await call.details(), await call.trailing_metadata()
+        )
+
+    async def send(self, delta: Delta) -> None:
+        try:
+            await self._call.write(wire.delta_to_pb(delta))
+        except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
+            raise await self._failure() from None
+
+    async def next_ack(self) -> int:
+        try:
+            ack = await self._call.read()
+        except grpc.aio.AioRpcError as err:
+            raise _map_error(self.address, err) from None
+        if ack is grpc.aio.EOF:
+            raise await self._failure()
+        return int(ack.replica_seq)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class GrpcTransport:
+    """gRPC over plain TCP (TLS comes with the security work)."""
+
+    def __init__(self, cfg: GrpcTransportConfig | None = None) -> None:
+        self.cfg = cfg or GrpcTransportConfig()
+        self._server: grpc.aio.Server | None = None
+        self._channels: dict[str, tuple[grpc.aio.Channel, murmur_pb2_grpc.MurmurStub]] = {}
+
+    async def serve(self, handler: Handler, listen: str) -> str:
+        server = grpc.aio.server(options=self.cfg.channel_options())
+        murmur_pb2_grpc.add_MurmurServicer_to_server(_Servicer(handler), server)  # type: ignore[no-untyped-call]
+        host = listen.rsplit(":", 1)[0]
+        try:
+            port = server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {listen}: {exc}") from exc
+        await server.start()
+        self._server = server
+        log.warning(
+            "serving on %s:%d over plain TCP: no encryption, no authentication of peers; "
+            "use it on trusted networks only",
+            host,
+            port,
+        )
+        return f"{host}:{port}"
+
+    def _stub(self, address: str) -> murmur_pb2_grpc.MurmurStub:
+        entry = self._channels.get(address)
+        if entry is None:
+            channel = grpc.aio.insecure_channel(address, options=self.cfg.channel_options())
+            entry = (channel, murmur_pb2_grpc.MurmurStub(channel))  # type: ignore[no-untyped-call]
+            self._channels[address] = entry
+        return entry[1]
+
+    async def call_hello(self, address: str, hello: Hello, timeout_s: float) -> Hello:
+        try:
+            reply = await self._stub(address).Hello(wire.hello_to_pb(hello), timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise _map_error(address, err) from None
+        return wire.hello_from_pb(reply)
+
+    async def call_push_delta(self, address: str, delta: Delta, timeout_s: float) -> int:
+        try:
+            ack = await self._stub(address).PushDelta(wire.delta_to_pb(delta), timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise _map_error(address, err) from None
+        return int(ack.replica_seq)
+
+    async def open_delta_stream(self, address: str) -> GrpcDeltaStream:
+        return GrpcDeltaStream(address, self._stub(address).StreamDeltas())
+
+    async def call_push_snapshot(
+        self, address: str, header: SnapshotHeader, values: torch.Tensor, timeout_s: float
+    ) -> int:
+        async def requests() -> AsyncIterator[wire.pb.SnapshotChunk]:
+            for chunk in iter_chunks(values):
+                yield wire.snapshot_chunk_to_pb(header, chunk)
+
+        try:
+            ack = await self._stub(address).PushSnapshot(requests(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise _map_error(address, err) from None
+        return int(ack.replica_seq)
+
+    async def call_status(self, address: str, timeout_s: float) -> NodeStatus:
+        try:
+            reply = await self._stub(address).Status(wire.pb.StatusRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise _map_error(address, err) from None
+        return wire.status_from_pb(reply)
+
+    async def close(self, grace_s: float) -> None:
+        # Stop serving first so no new inbound work starts while channels go away.
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+        channels, self._channels = self._channels, {}
+        for channel, _ in channels.values():
+            await channel.close()

@@ -1,0 +1,275 @@
+"""The one place that converts between protobuf messages and the core's dataclasses.
+
+Decoding checks structure only (required parts present, sizes and strings within bounds) and
+raises :class:`Rejected` with ``Reason.MALFORMED``; whether a message fits the receiver's state
+is the handler's business.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from gossip.codecs import Encoded
+from gossip.messages import Delta, Hello, Member, ParamSpec, SnapshotHeader, TaskFingerprint
+from node.status import NeighbourStatus, NodeStatus
+from node.transport.base import CHUNK_VALUES, Reason, Rejected, SnapshotChunk
+from protos import murmur_pb2 as pb
+
+__all__ = [
+    "delta_fp32_nbytes",
+    "delta_from_pb",
+    "delta_nbytes",
+    "delta_to_pb",
+    "hello_from_pb",
+    "hello_to_pb",
+    "pb",
+    "snapshot_chunk_from_pb",
+    "snapshot_chunk_to_pb",
+    "snapshot_nbytes",
+    "status_from_pb",
+    "status_to_pb",
+]
+
+MAX_ID_CHARS = 128
+MAX_ADDRESS_CHARS = 255
+MAX_MEMBERS = 100_000
+MAX_PARAMS = 100_000
+MAX_NUMEL = 1 << 40
+_ID_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
+
+
+def _varint_len(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def _malformed(what: str) -> Rejected:
+    return Rejected(Reason.MALFORMED, what)
+
+
+def _node_id(value: str, what: str) -> str:
+    if not value or len(value) > MAX_ID_CHARS or not _ID_RE.fullmatch(value):
+        raise _malformed(f"{what} is not a valid node id")
+    return value
+
+
+def _member_from_pb(m: pb.Member) -> Member:
+    if not m.address or len(m.address) > MAX_ADDRESS_CHARS:
+        raise _malformed("member address is empty or too long")
+    return Member(_node_id(m.node_id, "member id"), m.address)
+
+
+def _member_to_pb(m: Member) -> pb.Member:
+    return pb.Member(node_id=m.node_id, address=m.address)
+
+
+# -- hello ------------------------------------------------------------------------------------
+
+
+def fingerprint_to_pb(f: TaskFingerprint) -> pb.TaskFingerprint:
+    return pb.TaskFingerprint(
+        params=[pb.ParamSpec(name=p.name, shape=list(p.shape), dtype=p.dtype) for p in f.params],
+        codec=f.codec,
+        block_size=f.block_size,
+    )
+
+
+def fingerprint_from_pb(f: pb.TaskFingerprint) -> TaskFingerprint:
+    if len(f.params) > MAX_PARAMS:
+        raise _malformed(f"fingerprint lists more than {MAX_PARAMS} parameters")
+    params = []
+    for p in f.params:
+        if any(d < 0 for d in p.shape):
+            raise _malformed(f"parameter {p.name!r} has a negative dimension")
+        params.append(ParamSpec(p.name, tuple(p.shape), p.dtype))
+    return TaskFingerprint(tuple(params), f.codec, f.block_size)
+
+
+def hello_to_pb(h: Hello) -> pb.Hello:
+    return pb.Hello(
+        protocol_version=h.protocol_version,
+        self=_member_to_pb(h.self_),
+        fingerprint=fingerprint_to_pb(h.fingerprint),
+        members=[_member_to_pb(m) for m in h.members],
+    )
+
+
+def hello_from_pb(h: pb.Hello) -> Hello:
+    if not h.HasField("self") or not h.HasField("fingerprint"):
+        raise _malformed("hello needs self and fingerprint")
+    if len(h.members) > MAX_MEMBERS:
+        raise _malformed(f"hello lists more than {MAX_MEMBERS} members")
+    return Hello(
+        protocol_version=h.protocol_version,
+        self_=_member_from_pb(h.self),
+        fingerprint=fingerprint_from_pb(h.fingerprint),
+        members=tuple(_member_from_pb(m) for m in h.members),
+    )
+
+
+# -- deltas -----------------------------------------------------------------------------------
+
+
+def delta_to_pb(d: Delta) -> pb.Delta:
+    p = d.payload
+    return pb.Delta(
+        protocol_version=d.protocol_version,
+        sender=d.sender,
+        session=d.session,
+        seq=d.seq,
+        step=d.step,
+        payload=pb.EncodedTensor(
+            codec=p.codec, numel=p.numel, block_size=p.block_size, scales=p.scales, data=p.data
+        ),
+    )
+
+
+def delta_from_pb(d: pb.Delta) -> Delta:
+    if not d.HasField("payload"):
+        raise _malformed("delta has no payload")
+    p = d.payload
+    if p.numel > MAX_NUMEL:
+        raise _malformed("delta numel is out of range")
+    return Delta(
+        sender=_node_id(d.sender, "sender"),
+        session=d.session,
+        seq=d.seq,
+        step=d.step,
+        payload=Encoded(p.codec, p.numel, p.block_size, p.scales, p.data),
+        protocol_version=d.protocol_version,
+    )
+
+
+def _bytes_field_len(n: int) -> int:
+    """Bytes a non-empty ``bytes`` field of length n takes (one-byte tag, length, data)."""
+    return 1 + _varint_len(n) + n if n else 0
+
+
+def delta_nbytes(d: Delta) -> int:
+    """Serialized size of the delta message (what the node counts as sent), without copying."""
+    p = d.payload
+    shell = delta_to_pb(
+        dataclasses.replace(d, payload=dataclasses.replace(p, scales=b"", data=b""))
+    )
+    shell_payload = shell.payload.ByteSize()
+    payload = shell_payload + _bytes_field_len(len(p.scales)) + _bytes_field_len(len(p.data))
+    # Swap the empty payload's field (tag, length, body) for the full one's.
+    return (
+        shell.ByteSize()
+        - _varint_len(shell_payload)
+        - shell_payload
+        + _varint_len(payload)
+        + payload
+    )
+
+
+def delta_fp32_nbytes(d: Delta) -> int:
+    """What the same message would take with an fp32 payload and no scales."""
+    return delta_nbytes(d) - d.payload.nbytes + 4 * d.payload.numel
+
+
+# -- snapshots --------------------------------------------------------------------------------
+
+
+def snapshot_chunk_to_pb(header: SnapshotHeader, chunk: SnapshotChunk) -> pb.SnapshotChunk:
+    return pb.SnapshotChunk(
+        protocol_version=header.protocol_version,
+        sender=header.sender,
+        session=header.session,
+        seq=header.seq,
+        numel=header.numel,
+        offset=chunk.offset,
+        data=chunk.data,
+    )
+
+
+def snapshot_chunk_from_pb(c: pb.SnapshotChunk) -> tuple[SnapshotHeader, SnapshotChunk]:
+    if c.numel > MAX_NUMEL:
+        raise _malformed("snapshot numel is out of range")
+    header = SnapshotHeader(
+        _node_id(c.sender, "sender"), c.session, c.seq, c.numel, c.protocol_version
+    )
+    return header, SnapshotChunk(c.offset, c.data)
+
+
+def snapshot_nbytes(header: SnapshotHeader, chunk_values: int = CHUNK_VALUES) -> int:
+    """Serialized size of all the chunks of a snapshot, without building them."""
+    total = 0
+    for offset in range(0, header.numel, chunk_values):
+        n = 4 * min(chunk_values, header.numel - offset)
+        empty = snapshot_chunk_to_pb(header, SnapshotChunk(offset, b""))
+        total += empty.ByteSize() + 1 + _varint_len(n) + n  # tag, length, bytes of `data`
+    return total
+
+
+# -- status -----------------------------------------------------------------------------------
+
+
+def status_to_pb(s: NodeStatus) -> pb.NodeStatus:
+    return pb.NodeStatus(
+        node_id=s.node_id,
+        address=s.address,
+        device=s.device,
+        codec=s.codec,
+        step=s.step,
+        step_budget=s.step_budget,
+        training_done=s.training_done,
+        loss=s.loss,
+        accuracy=s.accuracy,
+        rounds=s.rounds,
+        bytes_sent=s.bytes_sent,
+        bytes_sent_fp32=s.bytes_sent_fp32,
+        bytes_received=s.bytes_received,
+        samples_per_s=s.samples_per_s,
+        neighbours=[
+            pb.NeighbourStatus(
+                node_id=n.node_id,
+                address=n.address,
+                replica_seq=n.replica_seq,
+                silent_s=n.silent_s,
+                in_mix=n.in_mix,
+                bytes_sent=n.bytes_sent,
+                deltas_sent=n.deltas_sent,
+                snapshots_sent=n.snapshots_sent,
+                distance_rms=n.distance_rms,
+            )
+            for n in s.neighbours
+        ],
+        members=[_member_to_pb(m) for m in s.members],
+        rejected=s.rejected,
+    )
+
+
+def status_from_pb(s: pb.NodeStatus) -> NodeStatus:
+    return NodeStatus(
+        node_id=s.node_id,
+        address=s.address,
+        device=s.device,
+        codec=s.codec,
+        step=s.step,
+        step_budget=s.step_budget,
+        training_done=s.training_done,
+        loss=s.loss,
+        accuracy=s.accuracy,
+        rounds=s.rounds,
+        bytes_sent=s.bytes_sent,
+        bytes_sent_fp32=s.bytes_sent_fp32,
+        bytes_received=s.bytes_received,
+        samples_per_s=s.samples_per_s,
+        neighbours=tuple(
+            NeighbourStatus(
+                node_id=n.node_id,
+                address=n.address,
+                replica_seq=n.replica_seq,
+                silent_s=n.silent_s,
+                in_mix=n.in_mix,
+                bytes_sent=n.bytes_sent,
+                deltas_sent=n.deltas_sent,
+                snapshots_sent=n.snapshots_sent,
+                distance_rms=n.distance_rms,
+            )
+            for n in s.neighbours
+        ),
+        members=tuple(Member(m.node_id, m.address) for m in s.members),
+        rejected=dict(s.rejected),
+    )

@@ -1,0 +1,178 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ParamSpec(_message.Message):
+    __slots__ = ("name", "shape", "dtype")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class TaskFingerprint(_message.Message):
+    __slots__ = ("params", "codec", "block_size")
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    params: _containers.RepeatedCompositeFieldContainer[ParamSpec]
+    codec: str
+    block_size: int
+    def __init__(self, params: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., codec: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("node_id", "address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("protocol_version", "self", "fingerprint", "members")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SELF_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    self: Member
+    fingerprint: TaskFingerprint
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self_, protocol_version: _Optional[int] = ..., self: _Optional[_Union[Member, _Mapping]] = ..., fingerprint: _Optional[_Union[TaskFingerprint, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+
+class EncodedTensor(_message.Message):
+    __slots__ = ("codec", "numel", "block_size", "scales", "data")
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    NUMEL_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SCALES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    codec: str
+    numel: int
+    block_size: int
+    scales: bytes
+    data: bytes
+    def __init__(self, codec: _Optional[str] = ..., numel: _Optional[int] = ..., block_size: _Optional[int] = ..., scales: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class Delta(_message.Message):
+    __slots__ = ("protocol_version", "sender", "seq", "step", "payload", "session")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    sender: str
+    seq: int
+    step: int
+    payload: EncodedTensor
+    session: int
+    def __init__(self, protocol_version: _Optional[int] = ..., sender: _Optional[str] = ..., seq: _Optional[int] = ..., step: _Optional[int] = ..., payload: _Optional[_Union[EncodedTensor, _Mapping]] = ..., session: _Optional[int] = ...) -> None: ...
+
+class DeltaAck(_message.Message):
+    __slots__ = ("replica_seq",)
+    REPLICA_SEQ_FIELD_NUMBER: _ClassVar[int]
+    replica_seq: int
+    def __init__(self, replica_seq: _Optional[int] = ...) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("protocol_version", "sender", "seq", "numel", "offset", "data", "session")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    NUMEL_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    sender: str
+    seq: int
+    numel: int
+    offset: int
+    data: bytes
+    session: int
+    def __init__(self, protocol_version: _Optional[int] = ..., sender: _Optional[str] = ..., seq: _Optional[int] = ..., numel: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., session: _Optional[int] = ...) -> None: ...
+
+class SnapshotAck(_message.Message):
+    __slots__ = ("replica_seq",)
+    REPLICA_SEQ_FIELD_NUMBER: _ClassVar[int]
+    replica_seq: int
+    def __init__(self, replica_seq: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NeighbourStatus(_message.Message):
+    __slots__ = ("node_id", "address", "replica_seq", "silent_s", "in_mix", "bytes_sent", "deltas_sent", "snapshots_sent", "distance_rms")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SILENT_S_FIELD_NUMBER: _ClassVar[int]
+    IN_MIX_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    DELTAS_SENT_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_SENT_FIELD_NUMBER: _ClassVar[int]
+    DISTANCE_RMS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    replica_seq: int
+    silent_s: float
+    in_mix: bool
+    bytes_sent: int
+    deltas_sent: int
+    snapshots_sent: int
+    distance_rms: float
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ...) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "loss", "accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected")
+    class RejectedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_DONE_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FP32_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    device: str
+    codec: str
+    step: int
+    step_budget: int
+    training_done: bool
+    loss: float
+    accuracy: float
+    rounds: int
+    bytes_sent: int
+    bytes_sent_fp32: int
+    bytes_received: int
+    samples_per_s: float
+    neighbours: _containers.RepeatedCompositeFieldContainer[NeighbourStatus]
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    rejected: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ...) -> None: ...

@@ -1,0 +1,114 @@
+"""Graphs over node ids: symmetric, connected, agreed by everyone; weights and spectral gaps."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from gossip.topology import (
+    TOPOLOGIES,
+    build,
+    exponential,
+    metropolis_hastings,
+    mixing_matrix,
+    random_regular,
+    ring,
+    spectral_gap,
+)
+
+
+def ids(n: int) -> list[str]:
+    return [f"node-{i:04d}" for i in range(n)]
+
+
+@pytest.mark.parametrize("kind", TOPOLOGIES)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 16, 33, 100])
+def test_graphs_are_symmetric_simple_and_connected(kind: str, n: int) -> None:
+    g = build(kind, ids(n), degree=4)
+    assert g.is_symmetric()
+    assert g.is_connected()
+    assert all(i not in g.neighbours(i) for i in g.nodes)
+
+
+@pytest.mark.parametrize("kind", TOPOLOGIES)
+def test_every_node_derives_the_same_graph_whatever_order_it_learned_ids_in(kind: str) -> None:
+    names = ids(20)
+    shuffled = names[:]
+    random.Random(3).shuffle(shuffled)
+    assert build(kind, names, seed=7).adj == build(kind, shuffled, seed=7).adj
+
+
+def test_ring_links_ring_neighbours() -> None:
+    g = ring(["c", "a", "d", "b"])
+    assert g.nodes == ("a", "b", "c", "d")
+    assert g.neighbours("a") == {"b", "d"}
+    assert all(g.degree(i) == 2 for i in g.nodes)
+
+
+def test_exponential_links_powers_of_two_both_ways() -> None:
+    g = exponential(ids(16))
+    first = g.nodes[0]
+    expected = {g.nodes[k] for k in (1, 2, 4, 8, 12, 14, 15)}
+    assert g.neighbours(first) == expected
+    assert all(g.degree(i) == 7 for i in g.nodes)  # 2 log2(16) - 1: +8 and -8 coincide
+
+
+def test_random_regular_is_regular_and_seeded() -> None:
+    g = random_regular(ids(30), 4, seed=1)
+    assert all(g.degree(i) == 4 for i in g.nodes)
+    assert random_regular(ids(30), 4, seed=1).adj == g.adj
+    assert random_regular(ids(30), 4, seed=2).adj != g.adj
+
+
+def test_random_regular_refuses_impossible_degrees() -> None:
+    with pytest.raises(ValueError, match="no 3-regular graph on 5 nodes"):
+        random_regular(ids(5), 3)
+    with pytest.raises(ValueError, match="no 5-regular"):
+        random_regular(ids(5), 5)
+
+
+def test_unknown_topology() -> None:
+    with pytest.raises(ValueError, match="unknown topology 'star'"):
+        build("star", ids(4))
+
+
+@pytest.mark.parametrize("kind", TOPOLOGIES)
+def test_metropolis_hastings_is_symmetric_doubly_stochastic_and_nonnegative(kind: str) -> None:
+    g = build(kind, ids(13), degree=4)
+    w = mixing_matrix(g)
+    assert torch.allclose(w, w.T)
+    assert torch.allclose(w.sum(dim=0), torch.ones(13, dtype=torch.float64))
+    assert bool((w >= 0).all())
+    weights = metropolis_hastings(g)
+    for i in g.nodes:
+        for j, wij in weights[i].items():
+            assert wij == 1 / (1 + max(g.degree(i), g.degree(j)))
+
+
+def test_ring_spectral_gap_matches_the_closed_form() -> None:
+    # W = (1/3)(I + shift + shift^-1): eigenvalues 1/3 + (2/3) cos(2πk/n).
+    n = 16
+    expected = 1 - (1 / 3 + 2 / 3 * math.cos(2 * math.pi / n))
+    assert spectral_gap(mixing_matrix(ring(ids(n)))) == pytest.approx(expected, rel=1e-9)
+
+
+def test_disconnected_graph_has_no_gap() -> None:
+    w = torch.eye(4, dtype=torch.float64)
+    assert spectral_gap(w) == pytest.approx(0.0)
+
+
+def test_exponential_gap_stays_large_as_the_ring_gap_vanishes() -> None:
+    gaps = {
+        n: (
+            spectral_gap(mixing_matrix(ring(ids(n)))),
+            spectral_gap(mixing_matrix(exponential(ids(n)))),
+        )
+        for n in (16, 64, 256)
+    }
+    # Ring: gap ~ 1/n^2. Exponential: bounded away from zero (it shrinks like 1/log n).
+    assert gaps[256][0] < gaps[16][0] / 100
+    assert gaps[256][1] > gaps[16][1] / 4
+    assert all(exp_gap > 5 * ring_gap for ring_gap, exp_gap in gaps.values())

@@ -1,0 +1,244 @@
+"""Bad input against a live node over real gRPC: a clear status, counted, and nothing changes."""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+import torch
+
+from gossip.codecs import get_codec, tensor_to_bytes
+from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member
+from node import wire
+from node.node import Node
+from protos import murmur_pb2 as pb
+from protos import murmur_pb2_grpc as pb_grpc
+from tests.node.helpers import config
+
+PEER = "f" * 32
+SESSION = 77
+
+
+@dataclass
+class Target:
+    node: Node
+    stub: pb_grpc.MurmurStub
+    numel: int
+
+    def frozen(self) -> tuple[bytes, int, bytes]:
+        """Everything a bad message must not change: the replica, its seq, the model."""
+        replica = self.node.state.replicas[PEER]
+        return tensor_to_bytes(replica.value), replica.seq, tensor_to_bytes(self.node.flat.flat)
+
+    async def rejected(self) -> dict[str, int]:
+        return dict((await self.stub.Status(pb.StatusRequest())).rejected)
+
+
+def good_delta(numel: int, seq: int) -> pb.Delta:
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(seq)) * 1e-3
+    return wire.delta_to_pb(Delta(PEER, SESSION, seq, seq, get_codec("int8", 256).encode(x)))
+
+
+@pytest.fixture
+async def target(tmp_path: Path) -> AsyncIterator[Target]:
+    # Waits for a third member that never comes: it serves, but neither trains nor gossips.
+    node = await Node.create(config(tmp_path, wait_members=3, wait_timeout_s=3600))
+    await node.start()
+    channel = grpc.aio.insecure_channel(node.address)
+    stub = pb_grpc.MurmurStub(channel)  # type: ignore[no-untyped-call]
+    # Introduce a peer (at an address nobody answers) and give the node its replica.
+    hello = Hello(PROTOCOL_VERSION, Member(PEER, "127.0.0.1:9"), node.fingerprint, ())
+    await stub.Hello(wire.hello_to_pb(hello))
+    numel = node.flat.numel
+    values = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+    chunk = pb.SnapshotChunk(
+        protocol_version=PROTOCOL_VERSION,
+        sender=PEER,
+        session=SESSION,
+        seq=0,
+        numel=numel,
+        offset=0,
+        data=tensor_to_bytes(values),
+    )
+    await stub.PushSnapshot(iter([chunk]))
+    assert (await stub.PushDelta(good_delta(numel, 1))).replica_seq == 1
+    yield Target(node, stub, numel)
+    await channel.close()
+    await node.stop(grace_s=0)
+
+
+def _replace_payload(d: pb.Delta, **fields: object) -> pb.Delta:
+    out = pb.Delta()
+    out.CopyFrom(d)
+    for name, value in fields.items():
+        setattr(out.payload, name, value)
+    return out
+
+
+def wrong_length(d: pb.Delta) -> pb.Delta:
+    return _replace_payload(d, numel=d.payload.numel - 1)
+
+
+def wrong_dtype(d: pb.Delta) -> pb.Delta:
+    return _replace_payload(d, codec="fp16")
+
+
+def wrong_block_count(d: pb.Delta) -> pb.Delta:
+    return _replace_payload(d, scales=d.payload.scales[:-4])
+
+
+def wrong_block_size(d: pb.Delta) -> pb.Delta:
+    return _replace_payload(d, block_size=128)
+
+
+def non_finite(d: pb.Delta) -> pb.Delta:
+    return _replace_payload(d, scales=struct.pack("<f", math.nan) + d.payload.scales[4:])
+
+
+def unknown_sender(d: pb.Delta) -> pb.Delta:
+    out = pb.Delta()
+    out.CopyFrom(d)
+    out.sender = "e" * 32
+    return out
+
+
+def seq_from_the_future(d: pb.Delta) -> pb.Delta:
+    out = pb.Delta()
+    out.CopyFrom(d)
+    out.seq = 9
+    return out
+
+
+def replayed(d: pb.Delta) -> pb.Delta:
+    out = pb.Delta()
+    out.CopyFrom(d)
+    out.seq = 1
+    return out
+
+
+def other_protocol(d: pb.Delta) -> pb.Delta:
+    out = pb.Delta()
+    out.CopyFrom(d)
+    out.protocol_version = 99
+    return out
+
+
+def no_payload(d: pb.Delta) -> pb.Delta:
+    out = pb.Delta()
+    out.CopyFrom(d)
+    out.ClearField("payload")
+    return out
+
+
+def bad_sender_id(d: pb.Delta) -> pb.Delta:
+    out = pb.Delta()
+    out.CopyFrom(d)
+    out.sender = "not an id!"
+    return out
+
+
+INVALID, PRECONDITION = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION
+CASES: list[tuple[Callable[[pb.Delta], pb.Delta], grpc.StatusCode, str]] = [
+    (wrong_length, INVALID, "bad_payload"),
+    (wrong_dtype, INVALID, "bad_payload"),
+    (wrong_block_count, INVALID, "bad_payload"),
+    (wrong_block_size, INVALID, "bad_payload"),
+    (non_finite, INVALID, "non_finite"),
+    (no_payload, INVALID, "malformed"),
+    (bad_sender_id, INVALID, "malformed"),
+    (unknown_sender, PRECONDITION, "unknown_sender"),
+    (seq_from_the_future, PRECONDITION, "gap"),
+    (replayed, PRECONDITION, "stale"),
+    (other_protocol, PRECONDITION, "protocol_version"),
+]
+
+
+@pytest.mark.parametrize(("corrupt", "code", "reason"), CASES, ids=[c[0].__name__ for c in CASES])
+async def test_a_bad_delta_gets_a_clear_status_is_counted_and_changes_nothing(
+    target: Target,
+    corrupt: Callable[[pb.Delta], pb.Delta],
+    code: grpc.StatusCode,
+    reason: str,
+) -> None:
+    before = target.frozen()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await target.stub.PushDelta(corrupt(good_delta(target.numel, 2)))
+    assert info.value.code() == code
+    assert str(info.value.details()).startswith(f"{reason}:")
+    assert await target.rejected() == {reason: 1}
+    assert target.frozen() == before
+    # The node still serves, and the good delta still applies.
+    assert (await target.stub.PushDelta(good_delta(target.numel, 2))).replica_seq == 2
+
+
+async def test_a_bad_delta_ends_a_stream_with_its_status(target: Target) -> None:
+    call = target.stub.StreamDeltas()
+    await call.write(good_delta(target.numel, 2))
+    assert (await call.read()).replica_seq == 2
+    before = target.frozen()
+    await call.write(non_finite(good_delta(target.numel, 3)))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == INVALID
+    assert target.frozen() == before
+    assert await target.rejected() == {"non_finite": 1}
+
+
+async def test_a_snapshot_with_chunks_out_of_place_is_refused(target: Target) -> None:
+    before = target.frozen()
+    half = target.numel // 2
+    values = torch.zeros(target.numel)
+
+    def chunk(offset: int, data: torch.Tensor) -> pb.SnapshotChunk:
+        return pb.SnapshotChunk(
+            protocol_version=PROTOCOL_VERSION,
+            sender=PEER,
+            session=SESSION,
+            seq=5,
+            numel=target.numel,
+            offset=offset,
+            data=tensor_to_bytes(data),
+        )
+
+    cases = {
+        "gap": [chunk(0, values[:half]), chunk(half + 1, values[half + 1 :])],
+        "short": [chunk(0, values[:half])],
+        "long": [chunk(0, values), chunk(target.numel, values[:1])],
+    }
+    for name, chunks in cases.items():
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await target.stub.PushSnapshot(iter(chunks))
+        assert info.value.code() == INVALID, name
+    assert await target.rejected() == {"malformed": 3}
+    assert target.frozen() == before
+
+
+async def test_a_hello_for_another_task_is_refused_with_what_differs(target: Target) -> None:
+    other = Hello(
+        PROTOCOL_VERSION,
+        Member("d" * 32, "127.0.0.1:9"),
+        type(target.node.fingerprint)(target.node.fingerprint.params[:-1], "int4", 256),
+        (),
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await target.stub.Hello(wire.hello_to_pb(other))
+    assert info.value.code() == PRECONDITION
+    details = str(info.value.details())
+    assert "codec: we have int8, you have int4" in details
+    assert "parameter 2.bias: we have it, you have nothing" in details
+    assert len(target.node.view) == 2
+
+
+async def test_a_message_larger_than_a_whole_fp32_model_is_refused_by_size(target: Target) -> None:
+    huge = _replace_payload(
+        good_delta(target.numel, 2), data=b"\0" * (8 * target.numel + (2 << 20))
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await target.stub.PushDelta(huge)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -1,0 +1,152 @@
+"""Whole nodes, several to a process: membership, training together, resync, failures, state."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from gossip.messages import Delta
+from gossip.simulate import consensus_distance
+from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from node.node import SUMMARY_FILE, JoinError, Node
+from node.transport.memory import MemoryNetwork, MemoryTransport
+from tests.node.helpers import config, memory_swarm, replica_matches_sender
+
+TIMEOUT_S = 60.0
+
+
+def knows(node: Node, members: int) -> bool:
+    return len(node.view) == members
+
+
+async def test_nodes_joining_through_one_learn_everyone_and_agree_on_neighbours(
+    tmp_path: Path,
+) -> None:
+    async with memory_swarm(tmp_path, 5, {"trainer.steps": 1}) as nodes:
+        ids = {n.node_id for n in nodes}
+        for n in nodes:
+            await n.wait_until(partial(knows, n, 5), TIMEOUT_S)
+            assert {m.node_id for m in n.view.members} == ids
+        for a in nodes:
+            for b_id in a.links:
+                b = next(n for n in nodes if n.node_id == b_id)
+                assert a.node_id in b.links  # edges are symmetric
+
+
+async def test_a_swarm_trains_to_consensus_with_replicas_bit_identical(tmp_path: Path) -> None:
+    # No idle rounds after training, so that the swarm falls quiet and can be inspected.
+    async with memory_swarm(
+        tmp_path,
+        4,
+        {"alpha": 0.5, "trainer.steps": 300, "gossip.idle_round_interval_s": 1e9},
+    ) as nodes:
+        for n in nodes:
+            await n.wait_until(n.training_finished.is_set, TIMEOUT_S)
+        for receiver in nodes:
+            for sender in nodes:
+                if sender.node_id in receiver.links:
+                    await receiver.wait_until(
+                        partial(replica_matches_sender, receiver, sender), TIMEOUT_S
+                    )
+        for n in nodes:
+            assert n.trainer.last_eval is not None
+            assert n.trainer.last_eval.accuracy >= 0.9
+            assert n.counters.rounds > 20
+            assert n.counters.rejected == {}
+        models = {n.node_id: n.flat.flat.clone() for n in nodes}
+        mean_sq_norm = sum(float(m.pow(2).sum()) for m in models.values()) / len(models)
+        assert consensus_distance(models) < 1e-3 * mean_sq_norm
+
+
+async def test_lost_deltas_are_repaired_by_snapshots(tmp_path: Path) -> None:
+    lost = []
+
+    def drop_every_fifth_delta_early_on(caller: str, callee: str, message: object) -> bool:
+        if isinstance(message, Delta) and message.step < 100 and message.seq % 5 == 0:
+            lost.append(message.seq)
+            return True
+        return False
+
+    network = MemoryNetwork(drop=drop_every_fifth_delta_early_on)
+    async with memory_swarm(
+        tmp_path, 3, {"trainer.steps": 150, "gossip.idle_round_interval_s": 1e9}, network
+    ) as nodes:
+        for n in nodes:
+            await n.wait_until(n.training_finished.is_set, TIMEOUT_S)
+        # Nothing is lost in the last 50 steps: every replica ends on its sender's copy exactly.
+        for receiver in nodes:
+            for sender in nodes:
+                if sender is not receiver:
+                    await receiver.wait_until(
+                        partial(replica_matches_sender, receiver, sender), TIMEOUT_S
+                    )
+        assert lost
+        assert sum(link.stats.snapshots_sent for n in nodes for link in n.links.values()) > 2 * 3
+
+
+async def test_a_dead_neighbour_leaves_the_mix_and_training_goes_on(tmp_path: Path) -> None:
+    network = MemoryNetwork()
+    async with memory_swarm(
+        tmp_path, 3, {"trainer.steps": 100_000, "gossip.silence_limit_s": 0.5}, network
+    ) as nodes:
+        a, b, dead = nodes
+        await a.wait_until(lambda: a.trainer.step > 50, TIMEOUT_S)
+        await dead.stop(grace_s=0)  # it stops serving; its links stop sending
+        steps_then = a.trainer.step
+
+        async def out_of_mix() -> bool:
+            status = await a.status()
+            return not next(s for s in status.neighbours if s.node_id == dead.node_id).in_mix
+
+        await a.wait_until(lambda: a.trainer.step > steps_then + 200, TIMEOUT_S)
+        assert await out_of_mix()
+        still = next(s for s in (await a.status()).neighbours if s.node_id == b.node_id)
+        assert still.in_mix
+
+
+async def test_a_node_refuses_a_swarm_that_trains_something_else(tmp_path: Path) -> None:
+    network = MemoryNetwork()
+    async with memory_swarm(tmp_path / "a", 1, {"trainer.steps": 1}, network) as [first]:
+        cfg = config(
+            tmp_path / "b", listen="mem:0", join=(first.address,), **{"gossip.codec": "int4"}
+        )
+        other = await Node.create(cfg, transport=MemoryTransport(network))
+        with pytest.raises(JoinError, match="codec: we have int8, you have int4"):
+            await other.start()
+        await other.stop()
+        assert len(first.view) == 1
+        assert first.counters.rejected == {"fingerprint": 1}
+
+
+async def test_joining_nobody_fails_in_time(tmp_path: Path) -> None:
+    cfg = config(tmp_path, listen="mem:0", join=("mem:404",), wait_timeout_s=0.3)
+    node = await Node.create(cfg, transport=MemoryTransport(MemoryNetwork()))
+    with pytest.raises(JoinError, match="did not answer"):
+        await node.start()
+    await node.stop()
+
+
+async def test_stopping_writes_a_checkpoint_and_a_summary(tmp_path: Path) -> None:
+    async with memory_swarm(tmp_path, 2, {"trainer.steps": 50}) as nodes:
+        for n in nodes:
+            await n.wait_until(n.training_finished.is_set, TIMEOUT_S)
+        node = nodes[0]
+        await node.stop()
+        state, public, meta = load_checkpoint(tmp_path / "node-0" / CHECKPOINT_FILE)
+        for name, param in node.task.model.state_dict().items():
+            assert torch.equal(state[name], param)
+        assert torch.equal(public, node.state.public)
+        assert meta["step"] == 50
+        assert meta["node_id"] == node.node_id
+        assert (tmp_path / "node-0" / SUMMARY_FILE).exists()
+
+
+async def test_the_same_state_dir_keeps_the_same_identity(tmp_path: Path) -> None:
+    first = await Node.create(config(tmp_path, listen="mem:0"), MemoryTransport(MemoryNetwork()))
+    again = await Node.create(config(tmp_path, listen="mem:0"), MemoryTransport(MemoryNetwork()))
+    assert first.node_id == again.node_id
+    assert len(first.node_id) == 32
+    assert (tmp_path / "node_key.pem").stat().st_mode & 0o777 == 0o600

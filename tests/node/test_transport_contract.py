@@ -1,0 +1,200 @@
+"""One contract, run against every transport: what a node can rely on, whatever carries it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from gossip.codecs import get_codec
+from gossip.messages import (
+    PROTOCOL_VERSION,
+    Delta,
+    Hello,
+    Member,
+    ParamSpec,
+    SnapshotHeader,
+    TaskFingerprint,
+)
+from node.status import NeighbourStatus, NodeStatus
+from node.transport.base import (
+    CHUNK_VALUES,
+    Reason,
+    Rejected,
+    SnapshotChunk,
+    Transport,
+    Unreachable,
+)
+from node.transport.grpc import GrpcTransport, GrpcTransportConfig
+from node.transport.memory import MemoryNetwork, MemoryTransport
+
+FINGERPRINT = TaskFingerprint((ParamSpec("w", (3, 4), "float32"),), "int8", 64)
+STATUS = NodeStatus(
+    node_id="b" * 32,
+    address="here:1",
+    device="cpu",
+    codec="int8",
+    step=7,
+    step_budget=10,
+    training_done=False,
+    loss=0.5,
+    accuracy=0.9,
+    rounds=3,
+    bytes_sent=100,
+    bytes_sent_fp32=400,
+    bytes_received=50,
+    samples_per_s=12.5,
+    neighbours=(NeighbourStatus("c" * 32, "there:2", 4, 0.25, True, 10, 2, 1, 0.01),),
+    members=(Member("b" * 32, "here:1"), Member("c" * 32, "there:2")),
+    rejected={"gap": 2},
+)
+
+
+@dataclass
+class RecordingHandler:
+    """The receiving side, reduced to recording what arrives and refusing on command."""
+
+    refuse_seq: dict[int, Reason] = field(default_factory=dict)
+    deltas: list[Delta] = field(default_factory=list)
+    snapshots: list[tuple[SnapshotHeader, torch.Tensor]] = field(default_factory=list)
+    noted: list[Reason] = field(default_factory=list)
+
+    async def rpc_hello(self, hello: Hello) -> Hello:
+        return Hello(PROTOCOL_VERSION, Member("b" * 32, "here:1"), FINGERPRINT, hello.members)
+
+    async def rpc_push_delta(self, delta: Delta) -> int:
+        if delta.seq in self.refuse_seq:
+            raise Rejected(self.refuse_seq[delta.seq], f"no to seq {delta.seq}")
+        self.deltas.append(delta)
+        return delta.seq
+
+    async def rpc_push_snapshot(
+        self, header: SnapshotHeader, chunks: AsyncIterator[SnapshotChunk]
+    ) -> int:
+        parts = [chunk async for chunk in chunks]
+        assert [p.offset for p in parts] == list(range(0, header.numel, CHUNK_VALUES))
+        values = torch.cat(
+            [torch.frombuffer(bytearray(p.data), dtype=torch.float32) for p in parts]
+        )
+        self.snapshots.append((header, values))
+        return header.seq
+
+    async def rpc_status(self) -> NodeStatus:
+        return STATUS
+
+    def note_rejected(self, reason: Reason, detail: str) -> None:
+        self.noted.append(reason)
+
+
+Pair = tuple[Transport, Transport, str, RecordingHandler]
+PairFactory = Callable[[], Awaitable[Pair]]
+
+
+async def memory_pair() -> Pair:
+    network = MemoryNetwork()
+    server, client = MemoryTransport(network), MemoryTransport(network)
+    handler = RecordingHandler()
+    address = await server.serve(handler, "mem:0")
+    await client.serve(RecordingHandler(), "mem:0")
+    return server, client, address, handler
+
+
+async def grpc_pair() -> Pair:
+    server = GrpcTransport(GrpcTransportConfig(max_message_bytes=16 << 20))
+    client = GrpcTransport(GrpcTransportConfig(max_message_bytes=16 << 20))
+    handler = RecordingHandler()
+    address = await server.serve(handler, "127.0.0.1:0")
+    return server, client, address, handler
+
+
+@pytest.fixture(params=[memory_pair, grpc_pair], ids=["memory", "grpc"])
+async def pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
+    server, client, address, handler = await request.param()
+    yield server, client, address, handler
+    await client.close(0)
+    await server.close(0)
+
+
+def delta(seq: int, n: int = 500) -> Delta:
+    payload = get_codec("int8", 64).encode(
+        torch.randn(n, generator=torch.Generator().manual_seed(seq))
+    )
+    return Delta("a" * 32, session=42, seq=seq, step=seq * 3, payload=payload)
+
+
+async def test_hello_round_trips(pair: Pair) -> None:
+    _, client, address, _ = pair
+    members = (Member("a" * 32, "me:1"), Member("d" * 32, "x:9"))
+    reply = await client.call_hello(
+        address, Hello(PROTOCOL_VERSION, members[0], FINGERPRINT, members), 5
+    )
+    assert reply == Hello(PROTOCOL_VERSION, Member("b" * 32, "here:1"), FINGERPRINT, members)
+
+
+async def test_a_delta_arrives_intact(pair: Pair) -> None:
+    _, client, address, handler = pair
+    sent = delta(1)
+    assert await client.call_push_delta(address, sent, 5) == 1
+    assert handler.deltas == [sent]
+
+
+@pytest.mark.parametrize("reason", [r for r in Reason if r not in (Reason.NOT_READY,)])
+async def test_a_refusal_comes_back_as_the_same_refusal(pair: Pair, reason: Reason) -> None:
+    _, client, address, handler = pair
+    handler.refuse_seq[5] = reason
+    with pytest.raises(Rejected) as info:
+        await client.call_push_delta(address, delta(5), 5)
+    assert info.value.reason is reason
+    assert info.value.detail == "no to seq 5"
+
+
+async def test_a_snapshot_arrives_in_chunks_and_whole(pair: Pair) -> None:
+    _, client, address, handler = pair
+    values = torch.randn(2 * CHUNK_VALUES + 1234)
+    header = SnapshotHeader("a" * 32, session=42, seq=9, numel=values.numel())
+    assert await client.call_push_snapshot(address, header, values, 10) == 9
+    [(got_header, got_values)] = handler.snapshots
+    assert got_header == header
+    assert torch.equal(got_values, values)
+
+
+async def test_a_stream_delivers_in_order_and_acknowledges_each(pair: Pair) -> None:
+    _, client, address, handler = pair
+    stream = await client.open_delta_stream(address)
+    for seq in range(1, 21):
+        await stream.send(delta(seq))
+    assert [await stream.next_ack() for _ in range(20)] == list(range(1, 21))
+    assert [d.seq for d in handler.deltas] == list(range(1, 21))
+    stream.cancel()
+
+
+async def test_a_refusal_ends_the_stream(pair: Pair) -> None:
+    _, client, address, handler = pair
+    handler.refuse_seq[3] = Reason.GAP
+    stream = await client.open_delta_stream(address)
+    for seq in (1, 2, 3):
+        await stream.send(delta(seq))
+    assert await stream.next_ack() == 1
+    assert await stream.next_ack() == 2
+    with pytest.raises(Rejected) as info:
+        await stream.next_ack()
+    assert info.value.reason is Reason.GAP
+    with pytest.raises((Rejected, Unreachable)):
+        await stream.send(delta(4))
+    assert [d.seq for d in handler.deltas] == [1, 2]
+
+
+async def test_status_round_trips(pair: Pair) -> None:
+    _, client, address, _ = pair
+    assert await client.call_status(address, 5) == STATUS
+
+
+async def test_nobody_listening_is_unreachable(pair: Pair) -> None:
+    server, client, address, _ = pair
+    await server.close(0)
+    with pytest.raises(Unreachable):
+        await client.call_push_delta(address, delta(1), 2)
+    with pytest.raises(Unreachable):
+        await client.call_status(address, 2)

@@ -1,0 +1,77 @@
+"""The wire module: every message survives protobuf both ways; malformed ones are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gossip.codecs import get_codec
+from gossip.messages import (
+    PROTOCOL_VERSION,
+    Delta,
+    Hello,
+    Member,
+    ParamSpec,
+    SnapshotHeader,
+    TaskFingerprint,
+)
+from node import wire
+from node.transport.base import CHUNK_VALUES, Reason, Rejected, SnapshotChunk, iter_chunks
+from protos import murmur_pb2 as pb
+
+FP = TaskFingerprint(
+    (ParamSpec("a.weight", (4, 3), "float32"), ParamSpec("a.bias", (4,), "float32")), "int4", 64
+)
+
+
+def test_hello_round_trips() -> None:
+    hello = Hello(PROTOCOL_VERSION, Member("a1", "h:1"), FP, (Member("b2", "h:2"),))
+    assert (
+        wire.hello_from_pb(pb.Hello.FromString(wire.hello_to_pb(hello).SerializeToString()))
+        == hello
+    )
+
+
+@pytest.mark.parametrize("codec", ["fp32", "int8", "int4", "sign"])
+def test_delta_round_trips_and_its_size_is_counted_exactly(codec: str) -> None:
+    payload = get_codec(codec, 64).encode(torch.randn(1000))
+    delta = Delta("a1", 2**62, 17, 400, payload)
+    raw = wire.delta_to_pb(delta).SerializeToString()
+    assert wire.delta_from_pb(pb.Delta.FromString(raw)) == delta
+    assert wire.delta_nbytes(delta) == len(raw)
+    assert wire.delta_fp32_nbytes(delta) - len(raw) == 4000 - payload.nbytes
+
+
+def test_snapshot_size_is_counted_without_building_the_chunks() -> None:
+    values = torch.randn(2 * CHUNK_VALUES + 5)
+    header = SnapshotHeader("a1", 3, 9, values.numel())
+    real = sum(wire.snapshot_chunk_to_pb(header, c).ByteSize() for c in iter_chunks(values))
+    assert wire.snapshot_nbytes(header) == real
+    first = wire.snapshot_chunk_from_pb(wire.snapshot_chunk_to_pb(header, SnapshotChunk(0, b"x")))
+    assert first == (header, SnapshotChunk(0, b"x"))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        pb.Hello(protocol_version=1),
+        pb.Hello(self=pb.Member(node_id="a", address="h:1")),
+        pb.Hello(self=pb.Member(node_id="a b", address="h:1"), fingerprint=pb.TaskFingerprint()),
+        pb.Hello(self=pb.Member(node_id="a", address=""), fingerprint=pb.TaskFingerprint()),
+        pb.Hello(
+            self=pb.Member(node_id="a", address="h:1"),
+            fingerprint=pb.TaskFingerprint(params=[pb.ParamSpec(name="w", shape=[-1])]),
+        ),
+    ],
+)
+def test_malformed_hellos_are_refused(message: pb.Hello) -> None:
+    with pytest.raises(Rejected) as info:
+        wire.hello_from_pb(message)
+    assert info.value.reason is Reason.MALFORMED
+
+
+def test_malformed_deltas_are_refused() -> None:
+    for message in (pb.Delta(sender="a"), pb.Delta(sender="", payload=pb.EncodedTensor())):
+        with pytest.raises(Rejected) as info:
+            wire.delta_from_pb(message)
+        assert info.value.reason is Reason.MALFORMED
