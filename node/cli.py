@@ -177,7 +177,11 @@ def build_node_config(args: argparse.Namespace) -> NodeConfig:
 
 
 async def _serve(cfg: NodeConfig) -> int:
-    node = await Node.create(cfg)
+    try:
+        node = await Node.create(cfg)
+    except ValueError as err:  # the device or the task cannot be had
+        print(f"murmur run: {err}", file=sys.stderr)
+        return 2
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -226,11 +230,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as err:
         print(f"murmur run: {err}", file=sys.stderr)
         return 2
-    try:
-        return asyncio.run(_serve(cfg))
-    except ValueError as err:  # device or task cannot be had
-        print(f"murmur run: {err}", file=sys.stderr)
-        return 2
+    return asyncio.run(_serve(cfg))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

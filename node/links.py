@@ -26,6 +26,7 @@ import torch
 
 from gossip.messages import Delta, Member, SnapshotHeader
 from node import wire
+from node.aio import cancel_and_wait
 from node.telemetry import Counters, LinkCounters
 from node.transport.base import DeltaStream, Reason, Rejected, Transport, Unreachable
 
@@ -92,9 +93,7 @@ class PeerLink:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         await self._drop_stream()
 
@@ -122,15 +121,13 @@ class PeerLink:
     # -- sending ------------------------------------------------------------------------------
 
     async def _drop_stream(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-            self._reader = None
-        if self._stream is not None:
-            self._stream.cancel()
-            self._stream = None
+        reader, self._reader = self._reader, None
+        stream, self._stream = self._stream, None
         self._in_flight = 0
+        if stream is not None:
+            stream.cancel()
+        if reader is not None:
+            await cancel_and_wait(reader)
 
     async def _read_acks(self, stream: DeltaStream) -> None:
         try:

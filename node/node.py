@@ -25,16 +25,15 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from types import TracebackType
-from typing import TypeVarTuple
+from typing import Any, TypeVarTuple
 
 import torch
 
 from gossip.codecs import get_codec
-from gossip.membership import MemberView
-from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member, TaskFingerprint
+from gossip.messages import Delta, TaskFingerprint
 from gossip.replicas import GossipState
 from node.checkpoint import CHECKPOINT_FILE, atomic_write, save_checkpoint
 from node.config import NodeConfig
@@ -42,13 +41,13 @@ from node.device import resolve_device
 from node.flat import FlatParams
 from node.gossiper import Gossiper, NeighbourView
 from node.identity import Identity, load_or_create_identity
-from node.links import LinkConfig, PeerLink
+from node.peers import JoinError, Peers
 from node.service import NodeService
 from node.status import NeighbourStatus, NodeStatus, status_to_json
 from node.tasks.base import Shard, Task, load_task
 from node.telemetry import Counters, MetricsLog
 from node.trainer import EvalResult, Trainer
-from node.transport.base import Reason, Rejected, Transport, Unreachable
+from node.transport.base import Transport
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
 __all__ = ["JoinError", "MonotonicClock", "Node"]
@@ -59,12 +58,6 @@ Ts = TypeVarTuple("Ts")
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
-#: Refusals that mean "not now" rather than "never": retry the join.
-_RETRYABLE = frozenset({Reason.SHUTTING_DOWN, Reason.NOT_READY})
-
-
-class JoinError(RuntimeError):
-    """The node could not join the swarm (refused, or nobody answered in time)."""
 
 
 class MonotonicClock:
@@ -135,22 +128,29 @@ class Node:
             self.model_lock,
             trainer_cfg,
             after_step=self._after_step,
-            on_eval=self._from_trainer(self._on_eval),
-            on_done=self._from_trainer(self._on_training_done),
+            on_eval=self._on_loop(self._on_eval),
+            on_done=self._on_loop(self._on_training_done),
         )
-        self.link_cfg = LinkConfig(queue=g.link_queue, call_timeout_s=g.call_timeout_s)
         self.counters = Counters()
         self.service = NodeService(self)
-        self.view = MemberView(Member(self.node_id, ""))
-        self.links: dict[str, PeerLink] = {}
+        self.peers = Peers(
+            self.node_id,
+            self.fingerprint,
+            transport,
+            self.gossiper,
+            self.counters,
+            g,
+            spawn=self._spawn,
+            on_view_change=self._view_changed,
+            on_links_change=self._links_changed,
+        )
         self.address = ""
         self.ready = False
         self.closing = False
         self.failure: BaseException | None = None
         self.metrics: MetricsLog | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._topology_lock = asyncio.Lock()
-        self._view_changed = asyncio.Event()
+        self._members_changed = asyncio.Event()
         # Round pacing, shared by the trainer thread and the event loop.
         self._round_lock = threading.Lock()
         self._making_round = False
@@ -160,7 +160,6 @@ class Node:
         self._change = asyncio.Event()  # replaced by a fresh one at every change
         #: Set once the trainer has stopped for good (budget spent, or failed).
         self.training_finished = asyncio.Event()
-        self._introduced: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = False
 
@@ -213,7 +212,7 @@ class Node:
         self._loop = asyncio.get_running_loop()
         bound = await self.transport.serve(self.service, self.cfg.listen)
         self.address = self.cfg.advertise or _advertised(bound)
-        self.view = MemberView(Member(self.node_id, self.address))
+        self.peers.set_address(self.address)
         self.metrics = MetricsLog(self.cfg.state_dir / METRICS_FILE)
         self.metrics.write("start", node_id=self.node_id, address=self.address)
         self.ready = True
@@ -226,7 +225,7 @@ class Node:
             self.flat.numel,
         )
         if self.cfg.join:
-            await self._join(self.cfg.join)
+            await self.peers.join(self.cfg.join, self.cfg.wait_timeout_s)
         self._spawn(self._start_training(), "starter")
 
     async def stop(self, grace_s: float = 2.0) -> None:
@@ -245,8 +244,7 @@ class Node:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for link in list(self.links.values()):
-            await link.stop()
+        await self.peers.stop()
         await self.transport.close(grace_s)
         await asyncio.to_thread(self.gossiper.close)
         if self.ready:
@@ -269,19 +267,17 @@ class Node:
             TimeoutError: it did not hold within ``timeout_s``.
         """
 
-        async def wait() -> None:
+        async with asyncio.timeout(timeout_s):
             while not predicate():
                 await self._change.wait()
-
-        await asyncio.wait_for(wait(), timeout_s)
 
     def notify_change(self) -> None:
         """Wake every :meth:`wait_until` (event loop only)."""
         change, self._change = self._change, asyncio.Event()
         change.set()
 
-    def _spawn(self, coro: object, name: str) -> None:
-        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
@@ -290,121 +286,19 @@ class Node:
         if not task.cancelled() and task.exception() is not None:
             self._fail(task.exception())  # type: ignore[arg-type]
 
+    def _view_changed(self) -> None:
+        self._members_changed.set()
+        self.notify_change()
+
     def _fail(self, err: BaseException) -> None:
         if self.failure is None:
             log.error("node %s failed: %s", self.node_id[:8], err)
             self.failure = err
             self._failed.set()
 
-    # -- membership ---------------------------------------------------------------------------
-
-    def hello(self) -> Hello:
-        return Hello(PROTOCOL_VERSION, self.view.me, self.fingerprint, self.view.members)
-
-    async def introduce(self, address: str) -> Hello:
-        """Say hello to ``address``; learn its members. Raises Rejected or Unreachable."""
-        reply = await self.transport.call_hello(
-            address, self.hello(), self.cfg.gossip.call_timeout_s
-        )
-        if reply.protocol_version != PROTOCOL_VERSION:
-            raise Rejected(Reason.PROTOCOL_VERSION, f"{address} speaks {reply.protocol_version}")
-        differences = self.fingerprint.differences(reply.fingerprint)
-        if differences:
-            raise Rejected(Reason.FINGERPRINT, "; ".join(differences))
-        self._introduced.add(reply.self_.node_id)
-        await self.learn_members([reply.self_, *reply.members])
-        return reply
-
-    async def learn_members(
-        self, members: Iterable[Member], introduced: Member | None = None
-    ) -> None:
-        """Merge members into the view, introduce ourselves to new ones, re-derive neighbours."""
-        if introduced is not None:
-            self._introduced.add(introduced.node_id)
-        new = self.view.merge(members)
-        if not new:
-            return
-        log.info("node %s knows %d members", self.node_id[:8], len(self.view))
-        for m in new:
-            if m.node_id not in self._introduced:
-                self._introduced.add(m.node_id)
-                self._spawn(self._introduce_quietly(m), f"hello-{m.node_id[:8]}")
-        self._view_changed.set()
-        self.notify_change()
-        await self._update_topology()
-
-    async def _introduce_quietly(self, member: Member) -> None:
-        try:
-            await self.introduce(member.address)
-        except (Rejected, Unreachable) as err:
-            log.warning("could not introduce ourselves to %s: %s", member.node_id[:8], err)
-
-    async def _reintroduce(self, member: Member) -> None:
-        await self.introduce(member.address)
-
-    async def _join(self, addresses: Iterable[str]) -> None:
-        deadline = time.monotonic() + self.cfg.wait_timeout_s
-
-        async def through(address: str) -> None:
-            delay = 0.1
-            while True:
-                try:
-                    await self.introduce(address)
-                    return
-                except Rejected as err:
-                    if err.reason not in _RETRYABLE:
-                        raise JoinError(f"{address} refused us: {err}") from err
-                except Unreachable as err:
-                    if time.monotonic() > deadline:
-                        raise JoinError(f"{address} did not answer: {err}") from err
-                log.info("waiting for %s to answer", address)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 2.0)
-
-        results = await asyncio.gather(*(through(a) for a in addresses), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        refused = [e for e in errors if isinstance(e.__cause__, Rejected)]
-        if refused or len(errors) == len(results):
-            raise (refused or errors)[0]
-        for err in errors:
-            log.warning("join: %s", err)
-
-    async def _update_topology(self) -> None:
-        async with self._topology_lock:
-            g = self.cfg.gossip
-            graph = self.view.graph(g.topology, degree=g.degree, seed=g.seed)
-            me = self.node_id
-            mine = graph.neighbours(me)
-            weights = {j: 1.0 / (1 + max(graph.degree(me), graph.degree(j))) for j in mine}
-            await self.gossiper.set_neighbours(weights)
-            for peer_id in list(self.links):
-                if peer_id not in mine or self.links[peer_id].peer != self.view.get(peer_id):
-                    await self.links.pop(peer_id).stop()
-            for peer_id in sorted(mine - self.links.keys()):
-                peer = self.view.get(peer_id)
-                assert peer is not None
-                link = PeerLink(
-                    peer,
-                    self.transport,
-                    self.gossiper.snapshot,
-                    self.link_cfg,
-                    self.counters,
-                    on_unknown=self._reintroduce,
-                    on_change=self._links_changed,
-                )
-                self.links[peer_id] = link
-                link.start()
-            self._links_changed()
-            log.info(
-                "node %s neighbours (%s): %s",
-                me[:8],
-                g.topology,
-                " ".join(sorted(j[:8] for j in mine)),
-            )
-
     # -- training and gossip ------------------------------------------------------------------
 
-    def _from_trainer(self, fn: Callable[[*Ts], None]) -> Callable[[*Ts], None]:
+    def _on_loop(self, fn: Callable[[*Ts], None]) -> Callable[[*Ts], None]:
         """Wrap a callback so that another thread hands it to the event loop."""
 
         def call(*args: *Ts) -> None:
@@ -417,19 +311,24 @@ class Node:
 
     async def _start_training(self) -> None:
         want = self.cfg.wait_members
-        deadline = time.monotonic() + self.cfg.wait_timeout_s
-        while len(self.view) < want:
-            self._view_changed.clear()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.wait_timeout_s
+        while len(self.peers.view) < want:
+            self._members_changed.clear()
             log.info(
-                "node %s waiting for members: %d of %d", self.node_id[:8], len(self.view), want
+                "node %s waiting for members: %d of %d",
+                self.node_id[:8],
+                len(self.peers.view),
+                want,
             )
             try:
-                await asyncio.wait_for(self._view_changed.wait(), deadline - time.monotonic())
+                async with asyncio.timeout_at(deadline):
+                    await self._members_changed.wait()
             except TimeoutError:
                 log.warning(
                     "node %s starts training with %d of %d members",
                     self.node_id[:8],
-                    len(self.view),
+                    len(self.peers.view),
                     want,
                 )
                 break
@@ -454,12 +353,12 @@ class Node:
             self._making_round = True
             self._last_round_step = step
         fut = self.gossiper.submit_round(step)
-        fut.add_done_callback(self._from_trainer(self._round_made))
+        fut.add_done_callback(self._on_loop(self._round_made))
         return True
 
     def _links_changed(self) -> None:
         """Event loop: a link may have become busy or idle."""
-        idle = not any(link.busy for link in self.links.values())
+        idle = not self.peers.busy
         with self._round_lock:
             self._links_idle = idle
 
@@ -476,8 +375,7 @@ class Node:
                 return
             self.counters.rounds += 1
             self.notify_change()
-            for link in self.links.values():
-                link.offer(delta)
+            self.peers.offer(delta)
         finally:
             with self._round_lock:
                 self._making_round = False
@@ -528,10 +426,10 @@ class Node:
     def _status(self, views: dict[str, NeighbourView] | None = None) -> NodeStatus:
         """The node's figures; without ``views`` (after the worker stopped) links' only."""
         neighbours = []
-        for peer_id in sorted(views or self.links):
+        for peer_id in sorted(views or self.peers.links):
             v = (views or {}).get(peer_id, NeighbourView(-1, -1.0, False, -1.0))
-            link = self.links.get(peer_id)
-            member = self.view.get(peer_id)
+            link = self.peers.links.get(peer_id)
+            member = self.peers.view.get(peer_id)
             neighbours.append(
                 NeighbourStatus(
                     node_id=peer_id,
@@ -563,7 +461,7 @@ class Node:
             bytes_received=c.bytes_received,
             samples_per_s=self.trainer.samples_per_s,
             neighbours=tuple(neighbours),
-            members=self.view.members,
+            members=self.peers.view.members,
             rejected=dict(c.rejected),
         )
 

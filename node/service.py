@@ -74,8 +74,8 @@ class NodeService:
             )
         if hello.self_.node_id == self.node.node_id:
             self._refuse(Reason.MALFORMED, "the caller claims this node's own id")
-        await self.node.learn_members([hello.self_, *hello.members], introduced=hello.self_)
-        return self.node.hello()
+        await self.node.peers.learn([hello.self_, *hello.members], introduced=hello.self_)
+        return self.node.peers.hello()
 
     async def rpc_push_delta(self, delta: Delta) -> int:
         self._check_common(delta.protocol_version)

@@ -82,7 +82,8 @@ class NodeProcess:
         )
         assert self.proc.stdout is not None
         try:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                line = await self.proc.stdout.readline()
         except TimeoutError:
             raise SwarmError(f"node {self.index} did not start within {timeout_s:g} s") from None
         if not line:
@@ -118,7 +119,8 @@ class NodeProcess:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(self.proc.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self.proc.wait()
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
@@ -250,17 +252,16 @@ async def _supervise(cfg: SwarmConfig, procs: list[NodeProcess], transport: Grpc
                 )
         statuses = await _poll(transport, procs)
         elapsed = time.monotonic() - started
-        progress.show(_progress_table(cfg, statuses, elapsed))
+        finished = False
         known = [s for s in statuses if s is not None]
         if len(known) == len(procs) and all(s.training_done for s in known):
             rounds = {s.node_id: s.rounds for s in known}
             if settle_from is None:
                 settle_from = rounds
-            elif all(rounds[i] >= settle_from[i] + cfg.settle_rounds for i in rounds):
-                progress.show(_progress_table(cfg, statuses, elapsed), force=True)
-                return
-        if cfg.duration_s is not None and elapsed >= cfg.duration_s:
-            progress.show(_progress_table(cfg, statuses, elapsed), force=True)
+            finished = all(rounds[i] >= settle_from[i] + cfg.settle_rounds for i in rounds)
+        finished = finished or (cfg.duration_s is not None and elapsed >= cfg.duration_s)
+        progress.show(_progress_table(cfg, statuses, elapsed), force=finished)
+        if finished:
             return
         await asyncio.sleep(cfg.progress_interval_s)
 

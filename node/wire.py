@@ -205,36 +205,15 @@ def snapshot_nbytes(header: SnapshotHeader, chunk_values: int = CHUNK_VALUES) ->
 # -- status -----------------------------------------------------------------------------------
 
 
+_NESTED = ("neighbours", "members", "rejected")
+_SCALARS = [f.name for f in dataclasses.fields(NodeStatus) if f.name not in _NESTED]
+_NEIGHBOUR_FIELDS = [f.name for f in dataclasses.fields(NeighbourStatus)]
+
+
 def status_to_pb(s: NodeStatus) -> pb.NodeStatus:
     return pb.NodeStatus(
-        node_id=s.node_id,
-        address=s.address,
-        device=s.device,
-        codec=s.codec,
-        step=s.step,
-        step_budget=s.step_budget,
-        training_done=s.training_done,
-        loss=s.loss,
-        accuracy=s.accuracy,
-        rounds=s.rounds,
-        bytes_sent=s.bytes_sent,
-        bytes_sent_fp32=s.bytes_sent_fp32,
-        bytes_received=s.bytes_received,
-        samples_per_s=s.samples_per_s,
-        neighbours=[
-            pb.NeighbourStatus(
-                node_id=n.node_id,
-                address=n.address,
-                replica_seq=n.replica_seq,
-                silent_s=n.silent_s,
-                in_mix=n.in_mix,
-                bytes_sent=n.bytes_sent,
-                deltas_sent=n.deltas_sent,
-                snapshots_sent=n.snapshots_sent,
-                distance_rms=n.distance_rms,
-            )
-            for n in s.neighbours
-        ],
+        **{name: getattr(s, name) for name in _SCALARS},
+        neighbours=[pb.NeighbourStatus(**dataclasses.asdict(n)) for n in s.neighbours],
         members=[_member_to_pb(m) for m in s.members],
         rejected=s.rejected,
     )
@@ -242,32 +221,9 @@ def status_to_pb(s: NodeStatus) -> pb.NodeStatus:
 
 def status_from_pb(s: pb.NodeStatus) -> NodeStatus:
     return NodeStatus(
-        node_id=s.node_id,
-        address=s.address,
-        device=s.device,
-        codec=s.codec,
-        step=s.step,
-        step_budget=s.step_budget,
-        training_done=s.training_done,
-        loss=s.loss,
-        accuracy=s.accuracy,
-        rounds=s.rounds,
-        bytes_sent=s.bytes_sent,
-        bytes_sent_fp32=s.bytes_sent_fp32,
-        bytes_received=s.bytes_received,
-        samples_per_s=s.samples_per_s,
+        **{name: getattr(s, name) for name in _SCALARS},
         neighbours=tuple(
-            NeighbourStatus(
-                node_id=n.node_id,
-                address=n.address,
-                replica_seq=n.replica_seq,
-                silent_s=n.silent_s,
-                in_mix=n.in_mix,
-                bytes_sent=n.bytes_sent,
-                deltas_sent=n.deltas_sent,
-                snapshots_sent=n.snapshots_sent,
-                distance_rms=n.distance_rms,
-            )
+            NeighbourStatus(**{name: getattr(n, name) for name in _NEIGHBOUR_FIELDS})
             for n in s.neighbours
         ),
         members=tuple(Member(m.node_id, m.address) for m in s.members),

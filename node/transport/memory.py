@@ -104,7 +104,10 @@ async def _within(call: Coroutine[Any, Any, T], timeout_s: float) -> T:
     """
     task = asyncio.ensure_future(call)
     try:
-        return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+        # that arrives as the inner call completes, and the caller would never stop.
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.shield(task)
     except TimeoutError as exc:
         task.cancel()
         raise Unreachable(f"no answer within {timeout_s:g} s") from exc

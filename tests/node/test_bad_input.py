@@ -73,74 +73,62 @@ async def target(tmp_path: Path) -> AsyncIterator[Target]:
     await node.stop(grace_s=0)
 
 
-def _replace_payload(d: pb.Delta, **fields: object) -> pb.Delta:
+def _with(d: pb.Delta, **fields: object) -> pb.Delta:
+    """A copy of ``d`` with some fields changed (``payload_*`` ones inside the payload)."""
     out = pb.Delta()
     out.CopyFrom(d)
     for name, value in fields.items():
-        setattr(out.payload, name, value)
+        if name.startswith("payload_"):
+            setattr(out.payload, name.removeprefix("payload_"), value)
+        else:
+            setattr(out, name, value)
     return out
 
 
 def wrong_length(d: pb.Delta) -> pb.Delta:
-    return _replace_payload(d, numel=d.payload.numel - 1)
+    return _with(d, payload_numel=d.payload.numel - 1)
 
 
 def wrong_dtype(d: pb.Delta) -> pb.Delta:
-    return _replace_payload(d, codec="fp16")
+    return _with(d, payload_codec="fp16")
 
 
 def wrong_block_count(d: pb.Delta) -> pb.Delta:
-    return _replace_payload(d, scales=d.payload.scales[:-4])
+    return _with(d, payload_scales=d.payload.scales[:-4])
 
 
 def wrong_block_size(d: pb.Delta) -> pb.Delta:
-    return _replace_payload(d, block_size=128)
+    return _with(d, payload_block_size=128)
 
 
 def non_finite(d: pb.Delta) -> pb.Delta:
-    return _replace_payload(d, scales=struct.pack("<f", math.nan) + d.payload.scales[4:])
+    return _with(d, payload_scales=struct.pack("<f", math.nan) + d.payload.scales[4:])
 
 
 def unknown_sender(d: pb.Delta) -> pb.Delta:
-    out = pb.Delta()
-    out.CopyFrom(d)
-    out.sender = "e" * 32
-    return out
+    return _with(d, sender="e" * 32)
 
 
 def seq_from_the_future(d: pb.Delta) -> pb.Delta:
-    out = pb.Delta()
-    out.CopyFrom(d)
-    out.seq = 9
-    return out
+    return _with(d, seq=9)
 
 
 def replayed(d: pb.Delta) -> pb.Delta:
-    out = pb.Delta()
-    out.CopyFrom(d)
-    out.seq = 1
-    return out
+    return _with(d, seq=1)
 
 
 def other_protocol(d: pb.Delta) -> pb.Delta:
-    out = pb.Delta()
-    out.CopyFrom(d)
-    out.protocol_version = 99
-    return out
+    return _with(d, protocol_version=99)
 
 
 def no_payload(d: pb.Delta) -> pb.Delta:
-    out = pb.Delta()
-    out.CopyFrom(d)
+    out = _with(d)
     out.ClearField("payload")
     return out
 
 
 def bad_sender_id(d: pb.Delta) -> pb.Delta:
-    out = pb.Delta()
-    out.CopyFrom(d)
-    out.sender = "not an id!"
-    return out
+    return _with(d, sender="not an id!")
 
 
 INVALID, PRECONDITION = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION
@@ -232,13 +220,11 @@ async def test_a_hello_for_another_task_is_refused_with_what_differs(target: Tar
     details = str(info.value.details())
     assert "codec: we have int8, you have int4" in details
     assert "parameter 2.bias: we have it, you have nothing" in details
-    assert len(target.node.view) == 2
+    assert len(target.node.peers.view) == 2
 
 
 async def test_a_message_larger_than_a_whole_fp32_model_is_refused_by_size(target: Target) -> None:
-    huge = _replace_payload(
-        good_delta(target.numel, 2), data=b"\0" * (8 * target.numel + (2 << 20))
-    )
+    huge = _with(good_delta(target.numel, 2), payload_data=b"\0" * (8 * target.numel + (2 << 20)))
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await target.stub.PushDelta(huge)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -52,14 +52,8 @@ async def murmur(*args: str) -> NodeProcess:
 
 
 async def murmur_done(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "node",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    """Run ``murmur ARGS`` to its end: (exit code, stdout, stderr)."""
+    proc = (await murmur(*args)).proc
     out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()

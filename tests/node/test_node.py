@@ -10,6 +10,7 @@ import torch
 
 from gossip.messages import Delta
 from gossip.simulate import consensus_distance
+from gossip.topology import build
 from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from node.node import SUMMARY_FILE, JoinError, Node
 from node.transport.memory import MemoryNetwork, MemoryTransport
@@ -18,8 +19,12 @@ from tests.node.helpers import config, memory_swarm, replica_matches_sender
 TIMEOUT_S = 60.0
 
 
-def knows(node: Node, members: int) -> bool:
-    return len(node.view) == members
+def links_match_graph(node: Node, ids: set[str]) -> bool:
+    """The node knows exactly ``ids`` and links to exactly its neighbours in their graph."""
+    known = {m.node_id for m in node.peers.view.members}
+    return known == ids and set(node.peers.links) == build("exponential", ids).neighbours(
+        node.node_id
+    )
 
 
 async def test_nodes_joining_through_one_learn_everyone_and_agree_on_neighbours(
@@ -28,12 +33,11 @@ async def test_nodes_joining_through_one_learn_everyone_and_agree_on_neighbours(
     async with memory_swarm(tmp_path, 5, {"trainer.steps": 1}) as nodes:
         ids = {n.node_id for n in nodes}
         for n in nodes:
-            await n.wait_until(partial(knows, n, 5), TIMEOUT_S)
-            assert {m.node_id for m in n.view.members} == ids
+            await n.wait_until(partial(links_match_graph, n, ids), TIMEOUT_S)
         for a in nodes:
-            for b_id in a.links:
+            for b_id in a.peers.links:
                 b = next(n for n in nodes if n.node_id == b_id)
-                assert a.node_id in b.links  # edges are symmetric
+                assert a.node_id in b.peers.links  # edges are symmetric
 
 
 async def test_a_swarm_trains_to_consensus_with_replicas_bit_identical(tmp_path: Path) -> None:
@@ -47,7 +51,7 @@ async def test_a_swarm_trains_to_consensus_with_replicas_bit_identical(tmp_path:
             await n.wait_until(n.training_finished.is_set, TIMEOUT_S)
         for receiver in nodes:
             for sender in nodes:
-                if sender.node_id in receiver.links:
+                if sender.node_id in receiver.peers.links:
                     await receiver.wait_until(
                         partial(replica_matches_sender, receiver, sender), TIMEOUT_S
                     )
@@ -84,7 +88,9 @@ async def test_lost_deltas_are_repaired_by_snapshots(tmp_path: Path) -> None:
                         partial(replica_matches_sender, receiver, sender), TIMEOUT_S
                     )
         assert lost
-        assert sum(link.stats.snapshots_sent for n in nodes for link in n.links.values()) > 2 * 3
+        assert (
+            sum(link.stats.snapshots_sent for n in nodes for link in n.peers.links.values()) > 2 * 3
+        )
 
 
 async def test_a_dead_neighbour_leaves_the_mix_and_training_goes_on(tmp_path: Path) -> None:
@@ -117,7 +123,7 @@ async def test_a_node_refuses_a_swarm_that_trains_something_else(tmp_path: Path)
         with pytest.raises(JoinError, match="codec: we have int8, you have int4"):
             await other.start()
         await other.stop()
-        assert len(first.view) == 1
+        assert len(first.peers.view) == 1
         assert first.counters.rejected == {"fingerprint": 1}
 
 
