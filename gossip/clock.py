@@ -26,3 +26,10 @@ class ManualClock:
         if seconds < 0:
             raise ValueError("time does not run backwards")
         self._now += seconds
+
+    def advance_to(self, t: float) -> None:
+        """Jump to ``t`` exactly (``advance(t - now)`` can land a rounding error short of it,
+        and an event loop that waits for ``now >= t`` then never gets there)."""
+        if t < self._now:
+            raise ValueError("time does not run backwards")
+        self._now = t
