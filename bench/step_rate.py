@@ -30,11 +30,13 @@ async def run_nodes(cfg: SwarmConfig, workdir: Path, gossip: bool) -> list[dict[
     procs = [NodeProcess(i, workdir / f"node-{i}") for i in range(cfg.nodes)]
     transport = GrpcTransport()
     try:
-        await procs[0].start(node_argv(cfg, 0, procs[0].state_dir, None, alone=not gossip), 120)
+        await procs[0].start(
+            node_argv(cfg, 0, procs[0].state_dir, None, None if gossip else 1), 120
+        )
         join = procs[0].address if gossip else None
         await asyncio.gather(
             *(
-                p.start(node_argv(cfg, p.index, p.state_dir, join, alone=not gossip), 120)
+                p.start(node_argv(cfg, p.index, p.state_dir, join, None if gossip else 1), 120)
                 for p in procs[1:]
             )
         )

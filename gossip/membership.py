@@ -1,45 +1,41 @@
-"""A node's view of the swarm's members (static for now: members are added, never removed)."""
+"""The node's view of the swarm: the live members of its SWIM state, and its neighbours."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from gossip.messages import Member
+from gossip.swim import Swim
 from gossip.topology import Graph, build
 
 __all__ = ["MemberView"]
 
 
 class MemberView:
-    """The members this node knows, itself included, keyed by node id."""
+    """Live (alive or suspect) members of ``swim``, itself included, keyed by node id.
 
-    def __init__(self, me: Member) -> None:
-        self.me = me
-        self._members: dict[str, Member] = {me.node_id: me}
+    Suspects stay in the view: a suspicion is often refuted, and re-deriving the topology for
+    every one would make the links churn. Dead and departed members leave it.
+    """
+
+    def __init__(self, swim: Swim) -> None:
+        self.swim = swim
+
+    @property
+    def me(self) -> Member:
+        return Member(self.swim.node_id, self.swim.address)
 
     def __len__(self) -> int:
-        return len(self._members)
+        return len(self.swim.live_members())
 
     def __contains__(self, node_id: object) -> bool:
-        return node_id in self._members
+        return self.get(str(node_id)) is not None
 
     def get(self, node_id: str) -> Member | None:
-        return self._members.get(node_id)
+        record = self.swim.record(node_id)
+        return Member(record.node_id, record.address) if record and record.live else None
 
     @property
     def members(self) -> tuple[Member, ...]:
-        return tuple(self._members[i] for i in sorted(self._members))
-
-    def merge(self, members: Iterable[Member]) -> list[Member]:
-        """Adds members not known yet (or known at another address); returns those that changed."""
-        changed = []
-        for m in members:
-            if m.node_id == self.me.node_id:
-                continue
-            if self._members.get(m.node_id) != m:
-                self._members[m.node_id] = m
-                changed.append(m)
-        return changed
+        return tuple(Member(r.node_id, r.address) for r in self.swim.live_members())
 
     def graph(self, kind: str, *, degree: int = 4, seed: int = 0) -> Graph:
-        return build(kind, self._members, degree=degree, seed=seed)
+        return build(kind, [m.node_id for m in self.members], degree=degree, seed=seed)

@@ -7,19 +7,21 @@ import json
 from dataclasses import dataclass, field
 
 from gossip.codecs import Encoded
+from gossip.swim import MemberRecord
 
 __all__ = [
     "PROTOCOL_VERSION",
     "Delta",
     "Hello",
     "Member",
+    "ModelChunk",
     "ParamSpec",
     "SnapshotHeader",
     "TaskFingerprint",
 ]
 
 #: Bumped on any incompatible change of the wire schema or of its meaning.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 NodeId = str
 
@@ -94,12 +96,13 @@ class Member:
 
 @dataclass(frozen=True)
 class Hello:
-    """Sent by a dialing node and answered in kind."""
+    """A joiner's introduction, answered in kind with the member list (departed and dead
+    members included, so that the joiner does not bring them back)."""
 
     protocol_version: int
-    self_: Member
+    self_: MemberRecord
     fingerprint: TaskFingerprint
-    members: tuple[Member, ...] = field(default=())
+    members: tuple[MemberRecord, ...] = field(default=())
 
 
 @dataclass(frozen=True)
@@ -115,15 +118,32 @@ class Delta:
     seq: int
     step: int
     payload: Encoded
+    degree: int = 0
     protocol_version: int = PROTOCOL_VERSION
 
 
 @dataclass(frozen=True)
 class SnapshotHeader:
-    """Announces the sender's public copy x̂_i at ``seq``; the values follow in chunks."""
+    """Announces the sender's public copy x̂_i at ``seq``; the values follow in chunks.
+
+    ``degree`` (also on every delta) is the sender's number of neighbours: each end of an edge
+    weighs it by 1 / (1 + max(d_i, d_j)) with the degrees both have told each other, so the
+    weights agree even while the two ends' member views differ.
+    """
 
     sender: NodeId
     session: int
     seq: int
     numel: int
+    degree: int = 0
     protocol_version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class ModelChunk:
+    """Part of a model sent to a joiner: float32 values from ``offset``, of ``numel`` in all."""
+
+    numel: int
+    offset: int
+    data: bytes  # little-endian float32
+    step: int = 0

@@ -69,6 +69,7 @@ class Replica:
     seq: int
     last_heard: float
     step: int = 0
+    degree: int = 0  # the sender's number of neighbours, as it last said
 
 
 class GossipState:
@@ -161,7 +162,13 @@ class GossipState:
             raise SequenceGap(peer, replica.seq + 1, seq)
 
     def receive_delta(
-        self, peer: NodeId, session: int, seq: int, payload: Encoded, step: int = 0
+        self,
+        peer: NodeId,
+        session: int,
+        seq: int,
+        payload: Encoded,
+        step: int = 0,
+        degree: int = 0,
     ) -> int:
         """Apply q_j to the replica of ``peer``; returns the replica's new sequence number.
 
@@ -177,6 +184,7 @@ class GossipState:
         replica.value = value
         replica.seq = seq
         replica.step = step
+        replica.degree = degree
         replica.last_heard = self.clock.now()
         return seq
 
@@ -190,7 +198,13 @@ class GossipState:
             raise StaleSequence(f"snapshot seq {seq} from {peer} is older than {replica.seq}")
 
     def receive_snapshot(
-        self, peer: NodeId, session: int, seq: int, values: torch.Tensor, step: int = 0
+        self,
+        peer: NodeId,
+        session: int,
+        seq: int,
+        values: torch.Tensor,
+        step: int = 0,
+        degree: int = 0,
     ) -> int:
         """Replace the replica of ``peer`` with its public copy at ``seq``.
 
@@ -203,9 +217,18 @@ class GossipState:
         if not bool(torch.isfinite(values).all()):
             raise CodecError("snapshot holds non-finite values")
         self.replicas[peer] = Replica(
-            values.to(self.device, copy=True), session, seq, self.clock.now(), step
+            values.to(self.device, copy=True), session, seq, self.clock.now(), step, degree
         )
         return seq
+
+    def restart(self, values: torch.Tensor, session: int) -> None:
+        """Start a new log from ``values`` (a joiner that pulled the swarm's model): x̂ becomes
+        ``values`` and neighbours resync with a snapshot, since the session changed."""
+        if values.shape != self.public.shape or values.dtype != torch.float32:
+            raise ValueError("restart values must be the flat float32 vector gossip moves")
+        self.public.copy_(values)
+        self.session = session
+        self.seq = 0
 
     def silent_for(self, peer: NodeId) -> float | None:
         """Seconds since ``peer`` was last heard from, or None if it never was."""

@@ -5,8 +5,8 @@ Infection-style Process Group Membership Protocol" (DSN 2002), with the suspicio
 its §4.2 and a suspicion timeout that grows with log n as in Lifeguard (Dadgar et al. 2018):
 
 * every ``period_s`` a member pings the next member of a shuffled round-robin list (§4.3);
-* without an ack within ``ping_timeout_s`` it asks ``indirect_probes`` others to ping the target
-  for it (ping-req);
+* without an ack within ``ping_timeout * period_s`` it asks ``indirect_probes`` others to ping
+  the target for it (ping-req);
 * without any ack by the end of the period, the target becomes *suspect*; a suspect that does not
   refute within the suspicion timeout is declared *dead*;
 * a member refutes a suspicion of itself by raising its incarnation number;
@@ -102,7 +102,7 @@ class Outgoing:
 class SwimConfig:
     """Args:
     period_s: one probe per member per period.
-    ping_timeout_s: wait this long for a direct ack before asking others.
+    ping_timeout: the fraction of a period to wait for a direct ack before asking others.
     indirect_probes: how many others to ask (k).
     suspicion_mult: a suspect is dead after ``suspicion_mult * max(1, log10 n)`` periods.
     retransmit_mult: each update is piggybacked ``ceil(retransmit_mult * log10(n + 1))`` times.
@@ -112,7 +112,7 @@ class SwimConfig:
     """
 
     period_s: float = 1.0
-    ping_timeout_s: float = 0.4
+    ping_timeout: float = 0.4
     indirect_probes: int = 3
     suspicion_mult: float = 5.0
     retransmit_mult: float = 6.0
@@ -120,8 +120,16 @@ class SwimConfig:
     forget_after_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.ping_timeout_s < self.period_s:
-            raise ValueError("ping_timeout_s must be positive and shorter than period_s")
+        if self.period_s <= 0:
+            raise ValueError("period_s must be positive")
+        if not 0 < self.ping_timeout < 1:
+            raise ValueError("ping_timeout is a fraction of the period, between 0 and 1")
+        if self.indirect_probes < 0 or self.suspicion_mult <= 0 or self.retransmit_mult <= 0:
+            raise ValueError("indirect_probes, suspicion_mult and retransmit_mult must be positive")
+
+    @property
+    def ping_timeout_s(self) -> float:
+        return self.ping_timeout * self.period_s
 
     def suspicion_timeout_s(self, n: int) -> float:
         return self.suspicion_mult * max(1.0, math.log10(max(n, 1))) * self.period_s
@@ -415,6 +423,11 @@ class Swim:
             if e.suspect_since is not None
         ]
         return min(times)
+
+    def ping(self, address: str) -> Outgoing:
+        """A ping outside the probe schedule (to check an address someone gave); its ack is
+        ignored, but the call that carries it shows whether, and who, answers there."""
+        return self._message(Kind.PING, address, self._next_seq())
 
     def leave(self, fanout: int, first: Iterable[NodeId] = ()) -> list[Outgoing]:
         """Announce departure to the members in ``first`` and to others, ``fanout`` in all

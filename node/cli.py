@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gossip.codecs import CODECS
+from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
 from node.config import GossipConfig, NodeConfig, load_config_file
 from node.node import JoinError, Node
@@ -102,6 +103,20 @@ def _add_run_parser(sub: Any) -> None:
     )
     p.add_argument("--wait-timeout", dest="wait_timeout_s", type=float, default=s)
     p.add_argument(
+        "--checkpoint-interval",
+        dest="checkpoint_interval_s",
+        type=float,
+        default=s,
+        help="seconds between checkpoints (default 30)",
+    )
+    p.add_argument(
+        "--swim-period",
+        dest="membership.period_s",
+        type=float,
+        default=s,
+        help="membership protocol period in seconds (default 1)",
+    )
+    p.add_argument(
         "--steps",
         dest="trainer.steps",
         type=int,
@@ -153,7 +168,7 @@ def build_node_config(args: argparse.Namespace) -> NodeConfig:
     values.update({k: v for k, v in vars(args).items() if k not in ("config", "func", "command")})
     if "shard" in values:
         values["shard_index"], values["shard_count"] = values.pop("shard")
-    sections: dict[str, dict[str, Any]] = {"trainer": {}, "gossip": {}}
+    sections: dict[str, dict[str, Any]] = {"trainer": {}, "gossip": {}, "membership": {}}
     top: dict[str, Any] = {}
     for key, value in values.items():
         section, dot, name = key.partition(".")
@@ -173,6 +188,7 @@ def build_node_config(args: argparse.Namespace) -> NodeConfig:
         **top,
         trainer=TrainerConfig(**sections["trainer"]),
         gossip=GossipConfig(**sections["gossip"]),
+        membership=SwimConfig(**sections["membership"]),
     )
 
 

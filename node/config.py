@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gossip.codecs import CODECS
+from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
 from node.trainer import TrainerConfig
 
@@ -81,6 +82,8 @@ class NodeConfig:
         threads: torch intra-op threads; None leaves torch's default.
         wait_members: start training once this many members (self included) are known.
         wait_timeout_s: start training anyway after this long, with a warning.
+        checkpoint_interval_s: how often the node writes its checkpoint while it runs.
+        membership: the SWIM protocol's settings (``[membership]`` in a config file).
     """
 
     listen: str = "127.0.0.1:7070"
@@ -96,13 +99,17 @@ class NodeConfig:
     threads: int | None = None
     wait_members: int = 1
     wait_timeout_s: float = 60.0
+    checkpoint_interval_s: float = 30.0
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     gossip: GossipConfig = field(default_factory=GossipConfig)
+    membership: SwimConfig = field(default_factory=SwimConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.shard_index < self.shard_count:
             raise ValueError(f"shard {self.shard_index}/{self.shard_count} is out of range")
-        for address in (self.listen, *self.join):
+        if self.checkpoint_interval_s <= 0:
+            raise ValueError("checkpoint_interval_s must be positive")
+        for address in (self.listen, *self.join, *filter(None, [self.advertise])):
             _check_address(address)
 
 
@@ -112,14 +119,18 @@ def _check_address(address: str) -> None:
         raise ValueError(f"address {address!r} is not host:port")
 
 
-_SECTIONS = {"trainer": TrainerConfig, "gossip": GossipConfig}
+_SECTIONS: dict[str, type] = {
+    "trainer": TrainerConfig,
+    "gossip": GossipConfig,
+    "membership": SwimConfig,
+}
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
     """Read a TOML config into flat keyword arguments for :class:`NodeConfig` and its sections.
 
-    Top-level keys are NodeConfig fields; ``[trainer]`` and ``[gossip]`` tables hold those
-    components' fields. Unknown keys are an error, so typos do not pass silently.
+    Top-level keys are NodeConfig fields; ``[trainer]``, ``[gossip]`` and ``[membership]``
+    tables hold those components' fields. Unknown keys are an error, so typos do not pass silently.
     """
     with path.open("rb") as f:
         raw = tomllib.load(f)

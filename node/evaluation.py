@@ -98,7 +98,8 @@ def evaluate_run(
     model = task.model.to(device)
     results, states = [], []
     for state_dir in state_dirs:
-        state, _, meta = load_checkpoint(state_dir / CHECKPOINT_FILE)
+        ckpt = load_checkpoint(state_dir / CHECKPOINT_FILE)
+        state, meta = dict(ckpt.model), ckpt.meta
         summary = json.loads((state_dir / SUMMARY_FILE).read_text())
         evals = [r for r in read_metrics(state_dir / METRICS_FILE) if r["event"] == "eval"]
         model.load_state_dict(state)

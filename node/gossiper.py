@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -33,6 +33,7 @@ class NeighbourView:
     silent_s: float  # -1: never heard from
     in_mix: bool
     distance_rms: float  # RMS of x_i - x̂_j; -1 without a replica
+    weight: float  # w_ij in this round's mix; 0 when out of it
 
 
 class Gossiper:
@@ -62,37 +63,53 @@ class Gossiper:
         self.gamma = gamma
         self.silence_limit_s = silence_limit_s
         self.clock = clock
-        self._weights: dict[str, float] = {}
+        self._neighbours: frozenset[str] = frozenset()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gossip")
 
     async def _on_worker(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the worker, where nothing else touches the gossip state meanwhile."""
+        return await self._on_worker(fn)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # -- neighbours ---------------------------------------------------------------------------
 
-    async def set_neighbours(self, weights: Mapping[str, float]) -> None:
-        """Mix with exactly these neighbours, with these weights; replicas of others are dropped."""
-        new = dict(weights)
+    async def set_neighbours(self, neighbours: Iterable[str]) -> None:
+        """Mix with exactly these neighbours; replicas of others are dropped."""
+        new = frozenset(neighbours)
 
         def work() -> None:
-            for peer in self.state.peers - new.keys():
+            for peer in self.state.peers - new:
                 self.state.forget(peer)
-            for peer in new.keys() - self.state.peers:
+            for peer in new - self.state.peers:
                 self.state.admit(peer)
-            self._weights = new
+            self._neighbours = new
 
         await self._on_worker(work)
 
+    @property
+    def degree(self) -> int:
+        return len(self._neighbours)
+
     def _mixing_weights(self) -> dict[str, float]:
-        """Neighbours that take part in this round: synced, and heard from recently."""
+        """Neighbours that take part in this round, with Metropolis–Hastings weights.
+
+        A neighbour takes part once it has sent us its public copy (so it counts us as its
+        neighbour too) and while it is heard from. Its weight 1 / (1 + max(d_i, d_j)) uses the
+        degree it last told us, so both ends of the edge weigh it the same even while their
+        member views differ, and each row still sums to at most one.
+        """
+        mine = self.degree
         mix = {}
-        for peer, w in self._weights.items():
+        for peer in self._neighbours:
+            replica = self.state.replicas.get(peer)
             silent = self.state.silent_for(peer)
-            if silent is not None and silent <= self.silence_limit_s:
-                mix[peer] = w
+            if replica is not None and silent is not None and silent <= self.silence_limit_s:
+                mix[peer] = 1.0 / (1 + max(mine, replica.degree))
         return mix
 
     # -- rounds -------------------------------------------------------------------------------
@@ -106,7 +123,7 @@ class Gossiper:
         """
 
         def work() -> Delta | None:
-            if not self._weights:
+            if not self._neighbours:
                 return None
             with self.model_lock:
                 x = self.flat.flat.clone()
@@ -114,7 +131,7 @@ class Gossiper:
             mix = self._mixing_weights()
             with self.model_lock:
                 self.state.consensus_step(self.flat.flat, self.gamma, mix)
-            return Delta(self.node_id, self.state.session, seq, step, payload)
+            return Delta(self.node_id, self.state.session, seq, step, payload, self.degree)
 
         return self._pool.submit(work)
 
@@ -122,7 +139,9 @@ class Gossiper:
         """Raises the state machine's errors (GossipError, CodecError) unchanged."""
         d = delta
         return await self._on_worker(
-            lambda: self.state.receive_delta(d.sender, d.session, d.seq, d.payload, d.step)
+            lambda: self.state.receive_delta(
+                d.sender, d.session, d.seq, d.payload, d.step, d.degree
+            )
         )
 
     async def check_snapshot(self, header: SnapshotHeader) -> None:
@@ -135,7 +154,7 @@ class Gossiper:
     async def receive_snapshot(self, header: SnapshotHeader, values: torch.Tensor) -> int:
         h = header
         return await self._on_worker(
-            lambda: self.state.receive_snapshot(h.sender, h.session, h.seq, values)
+            lambda: self.state.receive_snapshot(h.sender, h.session, h.seq, values, 0, h.degree)
         )
 
     async def snapshot(self) -> tuple[SnapshotHeader, torch.Tensor]:
@@ -143,10 +162,32 @@ class Gossiper:
 
         def work() -> tuple[SnapshotHeader, torch.Tensor]:
             seq, values = self.state.snapshot()
-            header = SnapshotHeader(self.node_id, self.state.session, seq, values.numel())
+            header = SnapshotHeader(
+                self.node_id, self.state.session, seq, values.numel(), self.degree
+            )
             return header, values.cpu()
 
         return await self._on_worker(work)
+
+    async def model_copy(self) -> torch.Tensor:
+        """The model's parameters now, as one host vector (for a joiner that pulls them)."""
+
+        def work() -> torch.Tensor:
+            with self.model_lock:
+                return self.flat.flat.detach().to("cpu", copy=True)
+
+        return await self._on_worker(work)
+
+    async def adopt(self, values: torch.Tensor, session: int) -> None:
+        """Take ``values`` (a neighbour's model) as this node's model and public copy, and start
+        a new log so that neighbours resync from it."""
+
+        def work() -> None:
+            with self.model_lock:
+                self.flat.flat.copy_(values)
+            self.state.restart(self.flat.flat.detach().clone(), session)
+
+        await self._on_worker(work)
 
     async def neighbour_views(self) -> dict[str, NeighbourView]:
         def work() -> dict[str, NeighbourView]:
@@ -154,13 +195,14 @@ class Gossiper:
             with self.model_lock:
                 x = self.flat.flat.clone()
             views = {}
-            for peer in self._weights:
+            for peer in self._neighbours:
                 replica = self.state.replicas.get(peer)
                 silent = self.state.silent_for(peer)
                 views[peer] = NeighbourView(
                     replica_seq=-1 if replica is None else replica.seq,
                     silent_s=-1.0 if silent is None else silent,
                     in_mix=peer in mix,
+                    weight=mix.get(peer, 0.0),
                     distance_rms=-1.0
                     if replica is None
                     else float((x - replica.value).pow(2).mean().sqrt()),

@@ -15,7 +15,6 @@ queueing rounds would only make every replica staler.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections import deque
@@ -47,14 +46,15 @@ class LinkConfig:
     call_timeout_s: float = 10.0
     backoff_min_s: float = 0.1
     backoff_max_s: float = 5.0
+    #: Retry delay while the peer does not count us as a neighbour yet: its member view lags
+    #: ours by a protocol period or so, so waiting longer would only waste the edge.
+    not_neighbour_retry_s: float = 0.25
 
 
 class PeerLink:
     """Args:
     peer: whom to deliver to.
     snapshot: returns x̂ on the host, with its header.
-    on_unknown: called when the peer does not know this node (it may have restarted), so the
-        node can introduce itself again before the link resyncs.
     on_change: called whenever the link may have become busy or idle.
     """
 
@@ -65,7 +65,6 @@ class PeerLink:
         snapshot: Callable[[], Awaitable[tuple[SnapshotHeader, torch.Tensor]]],
         cfg: LinkConfig,
         counters: Counters,
-        on_unknown: Callable[[Member], Awaitable[None]],
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.peer = peer
@@ -74,7 +73,6 @@ class PeerLink:
         self.counters = counters
         self.stats = LinkCounters()
         self._snapshot = snapshot
-        self._on_unknown = on_unknown
         self._on_change = on_change
         self._pending: deque[Delta] = deque()
         self._wake = asyncio.Event()
@@ -201,11 +199,9 @@ class PeerLink:
                     continue  # the snapshot repairs it
                 self.stats.failures += 1
                 if err.reason is Reason.UNKNOWN_SENDER:
-                    log.info(
-                        "%s does not know us yet; introducing ourselves", self.peer.node_id[:8]
-                    )
-                    with contextlib.suppress(Rejected, Unreachable):
-                        await self._on_unknown(self.peer)
+                    # Its view does not make us neighbours yet; membership gossip will.
+                    log.debug("%s does not count us as a neighbour yet", self.peer.node_id[:8])
+                    backoff = self.cfg.not_neighbour_retry_s
                 elif err.reason in (Reason.NOT_READY, Reason.SHUTTING_DOWN):
                     log.debug("%s is not taking messages: %s", self.peer.node_id[:8], err)
                 else:

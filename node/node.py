@@ -6,18 +6,23 @@ Usage::
     async with node:
         await node.wait_failed()   # or until a signal
 
-Start-up: serve, introduce ourselves through the join addresses (learning the member list and
-checking the task fingerprint), derive neighbours from the member view, then start training once
-enough members are known. Gossip rounds follow the trainer's steps (at least ``local_steps``
-apart, and only when the links have carried the previous round) and, once the step budget is
-spent, a slow timer, so that a finished node keeps pulling toward the swarm and serving its model
-until it is stopped.
+Start-up: resume from the state dir's checkpoint if there is one; serve; introduce ourselves
+through the join addresses (or, on a resume without them, through the members the checkpoint
+remembers), which checks the task fingerprint and brings the member list; a fresh joiner then
+pulls the current model from a neighbour so that it starts near consensus; links to the
+neighbours open, and training starts once enough members are known. From then on SWIM keeps the
+member view current, and the neighbours follow it.
+
+Gossip rounds follow the trainer's steps (at least ``local_steps`` apart, and only when the
+links have carried the previous round) and, once the step budget is spent, a slow timer, so
+that a finished node keeps pulling toward the swarm and serving its model until it is stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import json
 import logging
@@ -35,7 +40,13 @@ import torch
 from gossip.codecs import get_codec
 from gossip.messages import Delta, TaskFingerprint
 from gossip.replicas import GossipState
-from node.checkpoint import CHECKPOINT_FILE, atomic_write, save_checkpoint
+from node.checkpoint import (
+    CHECKPOINT_FILE,
+    Checkpoint,
+    atomic_write,
+    load_checkpoint,
+    save_checkpoint,
+)
 from node.config import NodeConfig
 from node.device import resolve_device
 from node.flat import FlatParams
@@ -47,7 +58,8 @@ from node.status import NeighbourStatus, NodeStatus, status_to_json
 from node.tasks.base import Shard, Task, load_task
 from node.telemetry import Counters, MetricsLog
 from node.trainer import EvalResult, Trainer
-from node.transport.base import Transport
+from node.transfer import receive_model
+from node.transport.base import Rejected, Transport, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
 __all__ = ["JoinError", "MonotonicClock", "Node"]
@@ -92,6 +104,7 @@ class Node:
         device: torch.device,
         transport: Transport,
         clock: MonotonicClock,
+        resume: Checkpoint | None = None,
     ) -> None:
         self.cfg = cfg
         self.identity = identity
@@ -103,6 +116,15 @@ class Node:
         self.flat = FlatParams(task.model)
         g = cfg.gossip
         self.fingerprint = TaskFingerprint(self.flat.specs, g.codec, g.block_size)
+        self.resumed = resume
+        if resume is not None:
+            _check_resumable(resume, self.fingerprint, cfg)
+            task.model.load_state_dict(resume.model)
+            log.info(
+                "resuming from %s at step %d",
+                cfg.state_dir / CHECKPOINT_FILE,
+                int(resume.meta["step"]),
+            )
         self.model_lock = threading.Lock()
         rounding = torch.Generator(device=device).manual_seed(random.getrandbits(62))
         self.state = GossipState(
@@ -112,6 +134,8 @@ class Node:
             rounding,
             session=random.getrandbits(62),
         )
+        if resume is not None:
+            self.state.public.copy_(resume.public)
         self.gossiper = Gossiper(
             self.node_id,
             self.state,
@@ -130,7 +154,10 @@ class Node:
             after_step=self._after_step,
             on_eval=self._on_loop(self._on_eval),
             on_done=self._on_loop(self._on_training_done),
+            start_step=int(resume.meta["step"]) if resume else 0,
         )
+        if resume is not None and resume.optimizer is not None:
+            self.trainer.optimizer.load_state_dict(dict(resume.optimizer))
         self.counters = Counters()
         self.service = NodeService(self)
         self.peers = Peers(
@@ -140,6 +167,10 @@ class Node:
             self.gossiper,
             self.counters,
             g,
+            cfg.membership,
+            # Above any incarnation an earlier run of this node had (it restarts later).
+            incarnation=time.time_ns() // 1_000_000,
+            clock=clock,
             spawn=self._spawn,
             on_view_change=self._view_changed,
             on_links_change=self._links_changed,
@@ -150,7 +181,6 @@ class Node:
         self.failure: BaseException | None = None
         self.metrics: MetricsLog | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._members_changed = asyncio.Event()
         # Round pacing, shared by the trainer thread and the event loop.
         self._round_lock = threading.Lock()
         self._making_round = False
@@ -186,7 +216,9 @@ class Node:
         if transport is None:
             numel = sum(p.numel() for p in task.model.parameters())
             transport = GrpcTransport(GrpcTransportConfig(_max_message_bytes(numel)))
-        return cls(cfg, identity, task, device, transport, clock or MonotonicClock())
+        path = cfg.state_dir / CHECKPOINT_FILE
+        resume = await asyncio.to_thread(load_checkpoint, path) if path.exists() else None
+        return cls(cfg, identity, task, device, transport, clock or MonotonicClock(), resume)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -213,6 +245,7 @@ class Node:
         bound = await self.transport.serve(self.service, self.cfg.listen)
         self.address = self.cfg.advertise or _advertised(bound)
         self.peers.set_address(self.address)
+        self.peers.membership.start()
         self.metrics = MetricsLog(self.cfg.state_dir / METRICS_FILE)
         self.metrics.write("start", node_id=self.node_id, address=self.address)
         self.ready = True
@@ -224,9 +257,70 @@ class Node:
             self.cfg.gossip.codec,
             self.flat.numel,
         )
+        helper: str | None = None
         if self.cfg.join:
-            await self.peers.join(self.cfg.join, self.cfg.wait_timeout_s)
+            helper = await self.peers.join(self.cfg.join, self.cfg.wait_timeout_s)
+        elif self.resumed is not None:
+            helper = await self._rejoin(self.resumed)
+        if helper is not None and self.resumed is None:
+            await self._pull_model(helper)
+        await self.peers.start_links()
         self._spawn(self._start_training(), "starter")
+        self._spawn(self._checkpoint_periodically(), "checkpoints")
+
+    async def _rejoin(self, ckpt: Checkpoint) -> str | None:
+        """Join through the members a checkpoint remembers; alone if none answers (the swarm
+        may be gone, or this was its first node)."""
+        remembered = [
+            m["address"] for m in ckpt.meta.get("members", []) if m["node_id"] != self.node_id
+        ]
+        if not remembered:
+            return None
+        try:
+            return await self.peers.join(remembered, self.cfg.wait_timeout_s)
+        except JoinError as err:
+            log.warning("could not rejoin through remembered members (%s); going on alone", err)
+            return None
+
+    async def _pull_model(self, helper: str) -> None:
+        """Start from the swarm's current model: pull it from a neighbour (or, failing that,
+        from a node we joined through), chunk by chunk, into one buffer.
+
+        The node's own model is replaced only once the whole model has arrived and checked, so
+        a transfer that fails half way changes nothing; training then starts from the initial
+        model, which costs time but loses nothing.
+        """
+        neighbours = [m.address for m in map(self.peers.view.get, self._neighbour_ids()) if m]
+        random.shuffle(neighbours)
+        numel = self.flat.numel
+        for address in [*neighbours, helper]:
+            started = time.monotonic()
+            # The deadline allows for a slow link: 25 MB/s is the least we wait for.
+            timeout_s = self.cfg.gossip.call_timeout_s + 4 * numel / 25e6
+            chunks = self.transport.call_pull_model(address, self.node_id, timeout_s)
+            try:
+                buffer, step = await receive_model(chunks, numel, address)
+            except (Rejected, Unreachable) as err:
+                log.warning("could not pull the model from %s: %s", address, err)
+                continue
+            await self.gossiper.adopt(buffer.to(self.device), random.getrandbits(62))
+            log.info(
+                "started from the model of %s (its step %d): %.1f MB in %.2f s",
+                address,
+                step,
+                4 * numel / 1e6,
+                time.monotonic() - started,
+            )
+            if self.metrics is not None:
+                self.metrics.write("pulled_model", source=address, source_step=step)
+            return
+        log.warning("could not pull the swarm's model from anyone; starting from the initial one")
+
+    def _neighbour_ids(self) -> list[str]:
+        graph = self.peers.view.graph(
+            self.cfg.gossip.topology, degree=self.cfg.gossip.degree, seed=self.cfg.gossip.seed
+        )
+        return sorted(graph.neighbours(self.node_id))
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop training and gossip, close the network, then write the final checkpoint.
@@ -238,6 +332,10 @@ class Node:
         if self._stopped:
             return
         self._stopped = True
+        if self.ready:
+            # First, while everything still runs: the neighbours drop us and pick others now,
+            # instead of suspecting us for the length of a suspicion timeout.
+            await self.peers.leave()
         self.closing = True
         self.trainer.request_stop()
         await asyncio.to_thread(self.trainer.join)
@@ -287,7 +385,6 @@ class Node:
             self._fail(task.exception())  # type: ignore[arg-type]
 
     def _view_changed(self) -> None:
-        self._members_changed.set()
         self.notify_change()
 
     def _fail(self, err: BaseException) -> None:
@@ -310,28 +407,33 @@ class Node:
         return call
 
     async def _start_training(self) -> None:
+        """Start once ``wait_members`` members are known and every neighbour has taken our
+        public copy (both ends then count the edge), so no node trains its first steps alone;
+        after ``wait_timeout_s``, start anyway."""
         want = self.cfg.wait_members
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.cfg.wait_timeout_s
-        while len(self.peers.view) < want:
-            self._members_changed.clear()
-            log.info(
-                "node %s waiting for members: %d of %d",
-                self.node_id[:8],
-                len(self.peers.view),
-                want,
-            )
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await self._members_changed.wait()
-            except TimeoutError:
-                log.warning(
-                    "node %s starts training with %d of %d members",
+
+        def ready() -> bool:
+            links = self.peers.links.values()
+            return len(self.peers.view) >= want and all(link.healthy for link in links)
+
+        try:
+            if not ready():
+                log.info(
+                    "node %s waiting for members (%d of %d) and links",
                     self.node_id[:8],
                     len(self.peers.view),
                     want,
                 )
-                break
+            await self.wait_until(ready, self.cfg.wait_timeout_s)
+        except TimeoutError:
+            log.warning(
+                "node %s starts training with %d of %d members, %d of %d links up",
+                self.node_id[:8],
+                len(self.peers.view),
+                want,
+                sum(link.healthy for link in self.peers.links.values()),
+                len(self.peers.links),
+            )
         self.trainer.start()
 
     def _after_step(self, step: int) -> None:
@@ -361,6 +463,8 @@ class Node:
         idle = not self.peers.busy
         with self._round_lock:
             self._links_idle = idle
+        if not self.trainer.running:
+            self.notify_change()  # the start of training waits for links to come up
 
     def _round_made(self, fut: Future[Delta | None]) -> None:
         try:
@@ -427,7 +531,7 @@ class Node:
         """The node's figures; without ``views`` (after the worker stopped) links' only."""
         neighbours = []
         for peer_id in sorted(views or self.peers.links):
-            v = (views or {}).get(peer_id, NeighbourView(-1, -1.0, False, -1.0))
+            v = (views or {}).get(peer_id, NeighbourView(-1, -1.0, False, -1.0, 0.0))
             link = self.peers.links.get(peer_id)
             member = self.peers.view.get(peer_id)
             neighbours.append(
@@ -441,6 +545,7 @@ class Node:
                     deltas_sent=link.stats.deltas_sent if link else 0,
                     snapshots_sent=link.stats.snapshots_sent if link else 0,
                     distance_rms=v.distance_rms,
+                    weight=v.weight,
                 )
             )
         ev = self.trainer.last_eval
@@ -461,26 +566,66 @@ class Node:
             bytes_received=c.bytes_received,
             samples_per_s=self.trainer.samples_per_s,
             neighbours=tuple(neighbours),
-            members=self.peers.view.members,
+            members=tuple(self.peers.swim.records()),
             rejected=dict(c.rejected),
         )
 
-    def _write_final_state(self) -> None:
-        state_dir = self.cfg.state_dir
+    def _capture(self) -> Checkpoint:
+        """One consistent moment: the model and optimizer between two steps (the trainer holds
+        the model lock for each), with the public copy and the step that go with them.
+
+        Runs on the gossip worker, or after it stopped, so the public copy is not moving.
+        """
+        with self.model_lock:
+            model = {
+                k: v.detach().to("cpu", copy=True) for k, v in self.task.model.state_dict().items()
+            }
+            optimizer = copy.deepcopy(self.trainer.optimizer.state_dict())
+            step = self.trainer.step
+        members = [
+            {"node_id": r.node_id, "address": r.address}
+            for r in self.peers.swim.live_members()
+            if r.node_id != self.node_id
+        ]
         meta = {
             "node_id": self.node_id,
-            "step": self.trainer.step,
+            "step": step,
             "session": self.state.session,
             "seq": self.state.seq,
             "codec": self.cfg.gossip.codec,
             "fingerprint": self.fingerprint.digest(),
             "task": self.cfg.task,
             "shard": [self.cfg.shard_index, self.cfg.shard_count],
+            "members": members,
         }
-        save_checkpoint(
-            state_dir / CHECKPOINT_FILE, self.task.model.state_dict(), self.state.public, meta
-        )
+        return Checkpoint(model, self.state.public.to("cpu", copy=True), optimizer, meta)
+
+    async def write_checkpoint(self) -> None:
+        """Write the checkpoint now (atomically: a crash at any moment leaves a readable one)."""
+        ckpt = await self.gossiper.run(self._capture)
+        await asyncio.to_thread(save_checkpoint, self.cfg.state_dir / CHECKPOINT_FILE, ckpt)
+        if self.metrics is not None:
+            self.metrics.write("checkpoint", step=int(ckpt.meta["step"]))
+
+    async def _checkpoint_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.checkpoint_interval_s)
+            await self.write_checkpoint()
+
+    def _write_final_state(self) -> None:
+        state_dir = self.cfg.state_dir
+        save_checkpoint(state_dir / CHECKPOINT_FILE, self._capture())
         status = self._status()
         atomic_write(state_dir / SUMMARY_FILE, status_to_json(status).encode())
         if self.metrics is not None:
             self.metrics.write("stop", **json.loads(status_to_json(status)))
+
+
+def _check_resumable(ckpt: Checkpoint, fingerprint: TaskFingerprint, cfg: NodeConfig) -> None:
+    """A checkpoint from another task or codec cannot be resumed: say so rather than guess."""
+    if ckpt.meta.get("fingerprint") != fingerprint.digest():
+        raise ValueError(
+            f"{cfg.state_dir / CHECKPOINT_FILE} holds a checkpoint of another task or codec "
+            f"(task {ckpt.meta.get('task')!r}, codec {ckpt.meta.get('codec')!r}); "
+            "use another --state-dir, or remove the checkpoint to start afresh"
+        )

@@ -1,5 +1,5 @@
-"""Whom a node knows and whom it gossips with: the member view, introductions, joining, and one
-outbound link per neighbour, re-derived whenever the view changes."""
+"""Whom a node knows and whom it gossips with: membership (SWIM), joining, and one outbound
+link per neighbour, re-derived whenever the member view changes."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+from gossip.clock import Clock
 from gossip.membership import MemberView
-from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member, TaskFingerprint
+from gossip.messages import PROTOCOL_VERSION, Delta, Hello, TaskFingerprint
+from gossip.swim import MemberRecord, Swim, SwimConfig
+from gossip.topology import build
 from node.config import GossipConfig
 from node.gossiper import Gossiper
 from node.links import LinkConfig, PeerLink
+from node.membership import Membership
 from node.telemetry import Counters
 from node.transport.base import Reason, Rejected, Transport, Unreachable
 
@@ -24,6 +28,9 @@ log = logging.getLogger(__name__)
 #: Refusals that mean "not now" rather than "never": retry the join.
 _RETRYABLE = frozenset({Reason.SHUTTING_DOWN, Reason.NOT_READY})
 
+#: Members told directly that a node leaves, besides its neighbours (the rest hear it by gossip).
+LEAVE_FANOUT = 8
+
 
 class JoinError(RuntimeError):
     """The node could not join the swarm (refused, or nobody answered in time)."""
@@ -31,6 +38,7 @@ class JoinError(RuntimeError):
 
 class Peers:
     """Args:
+    incarnation: where this node's SWIM incarnation starts (above any earlier run's).
     spawn: runs a background coroutine for the node (and reports its failure).
     on_view_change: called after the member view changed.
     on_links_change: called when a link may have become busy or idle.
@@ -44,6 +52,9 @@ class Peers:
         gossiper: Gossiper,
         counters: Counters,
         cfg: GossipConfig,
+        swim_cfg: SwimConfig,
+        incarnation: int,
+        clock: Clock,
         spawn: Callable[[Coroutine[Any, Any, None], str], None],
         on_view_change: Callable[[], None],
         on_links_change: Callable[[], None],
@@ -55,17 +66,20 @@ class Peers:
         self.counters = counters
         self.cfg = cfg
         self.link_cfg = LinkConfig(queue=cfg.link_queue, call_timeout_s=cfg.call_timeout_s)
-        self.view = MemberView(Member(node_id, ""))
+        self.swim = Swim(node_id, "", incarnation, swim_cfg, clock)
+        self.view = MemberView(self.swim)
+        self.membership = Membership(self.swim, transport, clock, self._members_changed)
         self.links: dict[str, PeerLink] = {}
+        #: Links open only once the node has its starting model (a joiner pulls one first).
+        self.linking = False
         self._spawn = spawn
         self._on_view_change = on_view_change
         self._on_links_change = on_links_change
-        self._introduced: set[str] = set()
         self._topology_lock = asyncio.Lock()
 
     def set_address(self, address: str) -> None:
         """Where others reach this node; set once it serves, before it talks to anyone."""
-        self.view = MemberView(Member(self.node_id, address))
+        self.swim.address = address
 
     @property
     def busy(self) -> bool:
@@ -76,14 +90,19 @@ class Peers:
         for link in self.links.values():
             link.offer(delta)
 
+    async def leave(self) -> None:
+        """Tell the neighbours first, then a few others, that this node leaves."""
+        await self.membership.leave(list(self.links), LEAVE_FANOUT)
+
     async def stop(self) -> None:
+        await self.membership.stop()
         for link in self.links.values():
             await link.stop()
 
-    # -- introductions ------------------------------------------------------------------------
+    # -- joining ------------------------------------------------------------------------------
 
     def hello(self) -> Hello:
-        return Hello(PROTOCOL_VERSION, self.view.me, self.fingerprint, self.view.members)
+        return Hello(PROTOCOL_VERSION, self.swim.me, self.fingerprint, tuple(self.swim.records()))
 
     async def introduce(self, address: str) -> Hello:
         """Say hello to ``address`` and learn its members. Raises Rejected or Unreachable."""
@@ -93,54 +112,58 @@ class Peers:
         differences = self.fingerprint.differences(reply.fingerprint)
         if differences:
             raise Rejected(Reason.FINGERPRINT, "; ".join(differences))
-        self._introduced.add(reply.self_.node_id)
-        await self.learn([reply.self_, *reply.members])
+        self.membership.merge([reply.self_, *reply.members])
+        await self.membership.settle()
         return reply
 
-    async def learn(self, members: Iterable[Member], introduced: Member | None = None) -> None:
-        """Merge members into the view, introduce ourselves to new ones, re-derive neighbours.
-
-        ``introduced`` already knows us (it just said hello).
-        """
-        if introduced is not None:
-            self._introduced.add(introduced.node_id)
-        new = self.view.merge(members)
-        if not new:
-            return
-        log.info("node %s knows %d members", self.node_id[:8], len(self.view))
-        for m in new:
-            if m.node_id not in self._introduced:
-                self._introduced.add(m.node_id)
-                self._spawn(self._introduce_quietly(m), f"hello-{m.node_id[:8]}")
-        await self.update_topology()
-        self._on_view_change()
-
-    async def _introduce_quietly(self, member: Member) -> None:
-        try:
-            await self.introduce(member.address)
-        except (Rejected, Unreachable) as err:
-            log.warning("could not introduce ourselves to %s: %s", member.node_id[:8], err)
-
-    async def _reintroduce(self, member: Member) -> None:
-        await self.introduce(member.address)
-
-    async def join(self, addresses: Iterable[str], timeout_s: float) -> None:
-        """Introduce ourselves through each address, retrying silent ones until ``timeout_s``.
+    async def welcome(self, hello: Hello) -> Hello:
+        """A joiner said hello (its version and task already checked): make sure it can be
+        reached where it says, then take it and what it knows into the view.
 
         Raises:
-            JoinError: one address refused us (the task differs, say), or none answered.
+            Rejected: nobody answers at the joiner's address, or another node does; the view is
+                unchanged.
+        """
+        joiner = hello.self_
+        try:
+            answered = await self.membership.check_address(joiner.address)
+        except (Unreachable, Rejected) as err:
+            raise Rejected(
+                Reason.BAD_ADDRESS,
+                f"nobody answers at your address {joiner.address} ({err}); "
+                "set --advertise to an address others can dial",
+            ) from err
+        if answered != joiner.node_id:
+            raise Rejected(
+                Reason.BAD_ADDRESS,
+                f"another node ({answered[:8]}) answers at your address {joiner.address}",
+            )
+        self.membership.merge([joiner, *hello.members])
+        await self.membership.settle()
+        return self.hello()
+
+    async def join(self, addresses: Iterable[str], timeout_s: float) -> str:
+        """Introduce ourselves through the first of ``addresses`` that takes us, retrying silent
+        ones until ``timeout_s``; one is enough, since its answer lists everyone.
+
+        Returns the address that took us.
+
+        Raises:
+            JoinError: an address refused us (the task differs, say), or none answered.
         """
         deadline = time.monotonic() + timeout_s
 
-        async def through(address: str) -> None:
+        async def through(address: str) -> str:
             delay = 0.1
             while True:
                 try:
                     await self.introduce(address)
-                    return
+                    return address
                 except Rejected as err:
                     if err.reason not in _RETRYABLE:
                         raise JoinError(f"{address} refused us: {err}") from err
+                    if time.monotonic() > deadline:
+                        raise JoinError(f"{address} is not taking members: {err}") from err
                 except Unreachable as err:
                     if time.monotonic() > deadline:
                         raise JoinError(f"{address} did not answer: {err}") from err
@@ -148,41 +171,67 @@ class Peers:
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 2.0)
 
-        results = await asyncio.gather(*(through(a) for a in addresses), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        refused = [e for e in errors if isinstance(e.__cause__, Rejected)]
-        if refused or len(errors) == len(results):
-            raise (refused or errors)[0]
-        for err in errors:
-            log.warning("join: %s", err)
+        pending = {asyncio.create_task(through(a)) for a in dict.fromkeys(addresses)}
+        errors: list[BaseException] = []
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    err = task.exception()
+                    if err is None:
+                        return task.result()
+                    if isinstance(err.__cause__, Rejected):
+                        raise err  # a refusal is an answer: this swarm will not have us
+                    errors.append(err)
+            raise errors[0]
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _members_changed(self, changes: list[MemberRecord]) -> None:
+        for r in changes:
+            log.info("member %s at %s is %s", r.node_id[:8], r.address, r.status)
+        await self.update_topology()
+        self._on_view_change()
 
     # -- neighbours ---------------------------------------------------------------------------
+
+    async def start_links(self) -> None:
+        self.linking = True
+        await self.update_topology()
 
     async def update_topology(self) -> None:
         """Derive this node's neighbours from the view; open and close links to match."""
         async with self._topology_lock:
-            graph = self.view.graph(self.cfg.topology, degree=self.cfg.degree, seed=self.cfg.seed)
+            # One snapshot of the view: it may change while this awaits.
+            members = {m.node_id: m for m in self.view.members}
+            graph = build(self.cfg.topology, members, degree=self.cfg.degree, seed=self.cfg.seed)
             me = self.node_id
             mine = graph.neighbours(me)
-            weights = {j: 1.0 / (1 + max(graph.degree(me), graph.degree(j))) for j in mine}
-            await self.gossiper.set_neighbours(weights)
+            await self.gossiper.set_neighbours(mine)
             for peer_id in list(self.links):
-                if peer_id not in mine or self.links[peer_id].peer != self.view.get(peer_id):
-                    await self.links.pop(peer_id).stop()
-            for peer_id in sorted(mine - self.links.keys()):
-                peer = self.view.get(peer_id)
-                assert peer is not None
-                link = PeerLink(
-                    peer,
-                    self.transport,
-                    self.gossiper.snapshot,
-                    self.link_cfg,
-                    self.counters,
-                    on_unknown=self._reintroduce,
-                    on_change=self._on_links_change,
-                )
-                self.links[peer_id] = link
-                link.start()
+                if peer_id not in mine or self.links[peer_id].peer != members.get(peer_id):
+                    # Stopped in the background: a link to a dead peer may take a while to let
+                    # go of its call, and the topology must not wait for it.
+                    link = self.links.pop(peer_id)
+                    self._spawn(link.stop(), f"unlink-{peer_id[:8]}")
+            if self.linking:
+                for peer_id in sorted(mine - self.links.keys()):
+                    peer = members[peer_id]
+                    link = PeerLink(
+                        peer,
+                        self.transport,
+                        self.gossiper.snapshot,
+                        self.link_cfg,
+                        self.counters,
+                        on_change=self._on_links_change,
+                    )
+                    self.links[peer_id] = link
+                    link.start()
+                    # The ping carries our record: a neighbour that has not heard of us yet
+                    # (membership gossip takes a few periods) counts us as its neighbour now.
+                    self.membership.send([self.swim.ping(peer.address)])
             self._on_links_change()
             log.info(
                 "node %s neighbours (%s): %s",

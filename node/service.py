@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, NoReturn
 import torch
 
 from gossip.codecs import CodecError, NonFiniteError, tensor_from_bytes
-from gossip.messages import PROTOCOL_VERSION, Delta, Hello, SnapshotHeader
+from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.replicas import GossipError, SequenceGap, StaleSequence, UnknownPeer
+from gossip.swim import SwimMessage
 from node import wire
 from node.status import NodeStatus
-from node.transport.base import Reason, Rejected, SnapshotChunk
+from node.transport.base import Reason, Rejected, SnapshotChunk, iter_chunks
 
 if TYPE_CHECKING:
     from node.node import Node
@@ -74,8 +75,28 @@ class NodeService:
             )
         if hello.self_.node_id == self.node.node_id:
             self._refuse(Reason.MALFORMED, "the caller claims this node's own id")
-        await self.node.peers.learn([hello.self_, *hello.members], introduced=hello.self_)
-        return self.node.peers.hello()
+        try:
+            return await self.node.peers.welcome(hello)
+        except Rejected as err:
+            self._refuse(err.reason, err.detail)
+
+    async def rpc_swim(self, protocol_version: int, message: SwimMessage) -> str:
+        self._check_common(protocol_version)
+        if message.sender == self.node.node_id:
+            self._refuse(Reason.MALFORMED, "the sender claims this node's own id")
+        self.node.peers.membership.receive(message)
+        return self.node.node_id
+
+    async def rpc_pull_model(
+        self, protocol_version: int, requester: str
+    ) -> AsyncIterator[ModelChunk]:
+        self._check_common(protocol_version)
+        # One copy of the model, cut into chunks as the stream drains: memory stays bounded.
+        values = await self.node.gossiper.model_copy()
+        step = self.node.trainer.step
+        log.info("sending our model to %s (%d values)", requester[:8], values.numel())
+        for chunk in iter_chunks(values):
+            yield ModelChunk(values.numel(), chunk.offset, chunk.data, step)
 
     async def rpc_push_delta(self, delta: Delta) -> int:
         self._check_common(delta.protocol_version)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from gossip.messages import Member
+from gossip.swim import MemberRecord, Status
 
 __all__ = ["NeighbourStatus", "NodeStatus", "format_status", "status_to_json"]
 
@@ -21,6 +21,7 @@ class NeighbourStatus:
     deltas_sent: int
     snapshots_sent: int
     distance_rms: float  # RMS of x_i - x̂_j; -1 when unknown
+    weight: float = 0.0  # w_ij in the mix; 0 when out of it
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class NodeStatus:
     bytes_received: int
     samples_per_s: float
     neighbours: tuple[NeighbourStatus, ...] = ()
-    members: tuple[Member, ...] = ()
+    members: tuple[MemberRecord, ...] = ()  # everyone this node knows of, the dead included
     rejected: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -86,5 +87,9 @@ def format_status(s: NodeStatus) -> str:
             f"    {n.node_id[:12]:12} {n.address:21} {n.replica_seq:>6} {silent:>7} "
             f"{'yes' if n.in_mix else 'no':>3} {dist:>9} {_fmt_bytes(n.bytes_sent):>10}"
         )
-    lines.append(f"  members ({len(s.members)}): " + ", ".join(m.node_id[:8] for m in s.members))
+    live = [m for m in s.members if m.live]
+    lines.append(f"  members ({len(live)} live):")
+    for m in s.members:
+        mark = "" if m.status is Status.ALIVE else f" ({m.status})"
+        lines.append(f"    {m.node_id[:12]:12} {m.address:21} incarnation {m.incarnation}{mark}")
     return "\n".join(lines)

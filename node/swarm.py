@@ -1,10 +1,11 @@
 """``murmur swarm``: N real node processes on loopback, live progress, and a final report.
 
-The first node starts alone; the others join through it (its Hello reply tells them about
-everyone else). Every node waits until it knows all N members before training, trains its step
-budget, then keeps gossiping. Once every node has finished, the swarm lets each do a few more
-rounds (``settle_rounds``), stops them all with SIGTERM (each writes its final checkpoint), and
-judges the checkpoints.
+The first node starts alone; each of the others joins through one random earlier node, as a
+user joins a running swarm through any peer's address, and membership gossip (SWIM) tells
+everyone about everyone. Every node waits until it knows all N members before training,
+trains its step budget, then keeps gossiping. Once every node has finished, the swarm lets each
+do a few more rounds (``settle_rounds``), stops them all with SIGTERM (each writes its final
+checkpoint), and judges the checkpoints.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -133,9 +135,14 @@ class NodeProcess:
 
 
 def node_argv(
-    cfg: SwarmConfig, index: int, state_dir: Path, join: str | None, alone: bool = False
+    cfg: SwarmConfig,
+    index: int,
+    state_dir: Path,
+    join: str | None,
+    wait_members: int | None = None,
 ) -> list[str]:
-    """``murmur run`` arguments for node ``index``; ``alone`` trains without waiting for others."""
+    """``murmur run`` arguments for node ``index``, which starts training once it knows
+    ``wait_members`` members (default: all ``cfg.nodes``)."""
     g = cfg.gossip
     argv = [
         sys.executable,
@@ -157,7 +164,7 @@ def node_argv(
         "--threads",
         "1",
         "--wait-members",
-        "1" if alone else str(cfg.nodes),
+        str(cfg.nodes if wait_members is None else wait_members),
         "--wait-timeout",
         str(cfg.start_timeout_s),
         "--steps",
@@ -266,6 +273,29 @@ async def _supervise(cfg: SwarmConfig, procs: list[NodeProcess], transport: Grpc
         await asyncio.sleep(cfg.progress_interval_s)
 
 
+async def _start_all(cfg: SwarmConfig, procs: list[NodeProcess]) -> None:
+    """Node i joins through a random node before it, as soon as that one is up: the starts
+    overlap (the waits form a random tree, a few levels deep) instead of going one by one."""
+    rng = random.Random(cfg.seed)
+    up = [asyncio.Event() for _ in procs]
+
+    async def start(p: NodeProcess) -> None:
+        helper = procs[rng.randrange(p.index)] if p.index else None
+        if helper is not None:
+            await up[helper.index].wait()
+        join = helper.address if helper else None
+        await p.start(node_argv(cfg, p.index, p.state_dir, join), cfg.start_timeout_s)
+        up[p.index].set()
+
+    tasks = [asyncio.create_task(start(p)) for p in procs]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def run_swarm(cfg: SwarmConfig) -> int:
     """Run the swarm to the end and print the report; returns the process exit code."""
     workdir = cfg.workdir or Path("murmur-runs") / time.strftime("%Y%m%d-%H%M%S")
@@ -275,13 +305,7 @@ async def run_swarm(cfg: SwarmConfig) -> int:
     print(f"murmur swarm: starting {cfg.nodes} nodes in {workdir}", flush=True)
     codes: list[int] = []
     try:
-        await procs[0].start(node_argv(cfg, 0, procs[0].state_dir, None), cfg.start_timeout_s)
-        await asyncio.gather(
-            *(
-                p.start(node_argv(cfg, p.index, p.state_dir, procs[0].address), cfg.start_timeout_s)
-                for p in procs[1:]
-            )
-        )
+        await _start_all(cfg, procs)
         await _supervise(cfg, procs, transport)
     except SwarmError as err:
         print(f"murmur swarm: {err}", file=sys.stderr)

@@ -148,6 +148,8 @@ class Trainer:
             loss = self.task.loss(model(inputs), targets)
             loss.backward()  # type: ignore[no-untyped-call]
             self.optimizer.step()
+            # Under the lock, so that whoever holds it sees a step count that fits the model.
+            self.step += 1
         return float(loss.detach())
 
     def _run(self) -> None:
@@ -158,12 +160,14 @@ class Trainer:
             while not self._stop.is_set() and (budget is None or self.step < budget):
                 inputs, targets = next(batches)
                 loss = self._train_step(inputs, targets)
-                self.step += 1
                 self.samples += len(targets)
                 self.loss = loss if math.isnan(self.loss) else 0.9 * self.loss + 0.1 * loss
                 if not math.isfinite(loss):
                     raise FloatingPointError(f"training loss became {loss} at step {self.step}")
                 self._after_step(self.step)
+                # Let a thread that waits for the model lock (the gossip worker) have it: Python
+                # would otherwise hand the lock straight back to this loop, starving gossip.
+                time.sleep(0)
                 if self.step % self.cfg.eval_every == 0:
                     self._on_eval(self.evaluate())
             finished = budget is not None and self.step >= budget

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 
 from gossip.codecs import Encoded
-from gossip.messages import Delta, Hello, Member, ParamSpec, SnapshotHeader, TaskFingerprint
+from gossip.messages import Delta, Hello, ModelChunk, ParamSpec, SnapshotHeader, TaskFingerprint
+from gossip.swim import Kind, MemberRecord, Status, SwimMessage
 from node.status import NeighbourStatus, NodeStatus
 from node.transport.base import CHUNK_VALUES, Reason, Rejected, SnapshotChunk
 from protos import murmur_pb2 as pb
@@ -23,12 +25,16 @@ __all__ = [
     "delta_to_pb",
     "hello_from_pb",
     "hello_to_pb",
+    "model_chunk_from_pb",
+    "model_chunk_to_pb",
     "pb",
     "snapshot_chunk_from_pb",
     "snapshot_chunk_to_pb",
     "snapshot_nbytes",
     "status_from_pb",
     "status_to_pb",
+    "swim_from_pb",
+    "swim_to_pb",
 ]
 
 MAX_ID_CHARS = 128
@@ -37,6 +43,7 @@ MAX_MEMBERS = 100_000
 MAX_PARAMS = 100_000
 MAX_NUMEL = 1 << 40
 _ID_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
+_HOST_RE = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]")
 
 
 def _varint_len(n: int) -> int:
@@ -53,14 +60,56 @@ def _node_id(value: str, what: str) -> str:
     return value
 
 
-def _member_from_pb(m: pb.Member) -> Member:
-    if not m.address or len(m.address) > MAX_ADDRESS_CHARS:
-        raise _malformed("member address is empty or too long")
-    return Member(_node_id(m.node_id, "member id"), m.address)
+def address(value: str, what: str = "address") -> str:
+    """A dialable ``host:port`` (host a name, an IPv4 address or a bracketed IPv6 one)."""
+    host, sep, port = value.rpartition(":")
+    if (
+        not sep
+        or len(value) > MAX_ADDRESS_CHARS
+        or not _HOST_RE.fullmatch(host)
+        or not port.isdigit()
+        or not 0 < int(port) < 65536
+    ):
+        raise _malformed(f"{what} {value[:MAX_ADDRESS_CHARS]!r} is not host:port")
+    return value
 
 
-def _member_to_pb(m: Member) -> pb.Member:
-    return pb.Member(node_id=m.node_id, address=m.address)
+_STATUS_TO_PB = {
+    Status.ALIVE: pb.ALIVE,
+    Status.SUSPECT: pb.SUSPECT,
+    Status.DEAD: pb.DEAD,
+    Status.LEFT: pb.LEFT,
+}
+_STATUS_FROM_PB = {v: k for k, v in _STATUS_TO_PB.items()}
+_KIND_TO_PB = {Kind.PING: pb.PING, Kind.ACK: pb.ACK, Kind.PING_REQ: pb.PING_REQ}
+_KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
+
+
+def _member_from_pb(m: pb.Member) -> MemberRecord:
+    status = _STATUS_FROM_PB.get(m.status)
+    if status is None:
+        raise _malformed(f"member status {m.status} is unknown")
+    return MemberRecord(
+        _node_id(m.node_id, "member id"),
+        address(m.address, "member address"),
+        m.incarnation,
+        status,
+    )
+
+
+def _member_to_pb(m: MemberRecord) -> pb.Member:
+    return pb.Member(
+        node_id=m.node_id,
+        address=m.address,
+        incarnation=m.incarnation,
+        status=_STATUS_TO_PB[m.status],
+    )
+
+
+def _members_from_pb(members: Sequence[pb.Member], what: str) -> tuple[MemberRecord, ...]:
+    if len(members) > MAX_MEMBERS:
+        raise _malformed(f"{what} lists more than {MAX_MEMBERS} members")
+    return tuple(_member_from_pb(m) for m in members)
 
 
 # -- hello ------------------------------------------------------------------------------------
@@ -97,14 +146,57 @@ def hello_to_pb(h: Hello) -> pb.Hello:
 def hello_from_pb(h: pb.Hello) -> Hello:
     if not h.HasField("self") or not h.HasField("fingerprint"):
         raise _malformed("hello needs self and fingerprint")
-    if len(h.members) > MAX_MEMBERS:
-        raise _malformed(f"hello lists more than {MAX_MEMBERS} members")
     return Hello(
         protocol_version=h.protocol_version,
         self_=_member_from_pb(h.self),
         fingerprint=fingerprint_from_pb(h.fingerprint),
-        members=tuple(_member_from_pb(m) for m in h.members),
+        members=_members_from_pb(h.members, "hello"),
     )
+
+
+# -- membership -------------------------------------------------------------------------------
+
+
+def swim_to_pb(m: SwimMessage, protocol_version: int) -> pb.SwimMessage:
+    return pb.SwimMessage(
+        protocol_version=protocol_version,
+        kind=_KIND_TO_PB[m.kind],
+        sender=m.sender,
+        sender_address=m.sender_address,
+        seq=m.seq,
+        target=m.target,
+        updates=[_member_to_pb(r) for r in m.updates],
+    )
+
+
+def swim_from_pb(m: pb.SwimMessage) -> tuple[int, SwimMessage]:
+    """(protocol version, message)."""
+    kind = _KIND_FROM_PB.get(m.kind)
+    if kind is None:
+        raise _malformed(f"swim message kind {m.kind} is unknown")
+    target = _node_id(m.target, "target") if m.target else ""
+    message = SwimMessage(
+        kind,
+        _node_id(m.sender, "sender"),
+        address(m.sender_address, "sender address"),
+        m.seq,
+        target,
+        _members_from_pb(m.updates, "swim message"),
+    )
+    return m.protocol_version, message
+
+
+# -- model transfer ---------------------------------------------------------------------------
+
+
+def model_chunk_to_pb(c: ModelChunk) -> pb.ModelChunk:
+    return pb.ModelChunk(numel=c.numel, offset=c.offset, data=c.data, step=c.step)
+
+
+def model_chunk_from_pb(c: pb.ModelChunk) -> ModelChunk:
+    if c.numel > MAX_NUMEL:
+        raise _malformed("model numel is out of range")
+    return ModelChunk(c.numel, c.offset, c.data, c.step)
 
 
 # -- deltas -----------------------------------------------------------------------------------
@@ -118,6 +210,7 @@ def delta_to_pb(d: Delta) -> pb.Delta:
         session=d.session,
         seq=d.seq,
         step=d.step,
+        degree=d.degree,
         payload=pb.EncodedTensor(
             codec=p.codec, numel=p.numel, block_size=p.block_size, scales=p.scales, data=p.data
         ),
@@ -136,6 +229,7 @@ def delta_from_pb(d: pb.Delta) -> Delta:
         seq=d.seq,
         step=d.step,
         payload=Encoded(p.codec, p.numel, p.block_size, p.scales, p.data),
+        degree=d.degree,
         protocol_version=d.protocol_version,
     )
 
@@ -178,6 +272,7 @@ def snapshot_chunk_to_pb(header: SnapshotHeader, chunk: SnapshotChunk) -> pb.Sna
         session=header.session,
         seq=header.seq,
         numel=header.numel,
+        degree=header.degree,
         offset=chunk.offset,
         data=chunk.data,
     )
@@ -187,7 +282,7 @@ def snapshot_chunk_from_pb(c: pb.SnapshotChunk) -> tuple[SnapshotHeader, Snapsho
     if c.numel > MAX_NUMEL:
         raise _malformed("snapshot numel is out of range")
     header = SnapshotHeader(
-        _node_id(c.sender, "sender"), c.session, c.seq, c.numel, c.protocol_version
+        _node_id(c.sender, "sender"), c.session, c.seq, c.numel, c.degree, c.protocol_version
     )
     return header, SnapshotChunk(c.offset, c.data)
 
@@ -226,6 +321,9 @@ def status_from_pb(s: pb.NodeStatus) -> NodeStatus:
             NeighbourStatus(**{name: getattr(n, name) for name in _NEIGHBOUR_FIELDS})
             for n in s.neighbours
         ),
-        members=tuple(Member(m.node_id, m.address) for m in s.members),
+        members=tuple(
+            MemberRecord(m.node_id, m.address, m.incarnation, _STATUS_FROM_PB[m.status])
+            for m in s.members
+        ),
         rejected=dict(s.rejected),
     )

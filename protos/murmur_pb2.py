@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/murmur.proto\x12\tmurmur.v1\"7\n\tParamSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"Z\n\x0fTaskFingerprint\x12$\n\x06params\x18\x01 \x03(\x0b\x32\x14.murmur.v1.ParamSpec\x12\r\n\x05\x63odec\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\"*\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\x97\x01\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x1f\n\x04self\x18\x02 \x01(\x0b\x32\x11.murmur.v1.Member\x12/\n\x0b\x66ingerprint\x18\x03 \x01(\x0b\x32\x1a.murmur.v1.TaskFingerprint\x12\"\n\x07members\x18\x04 \x03(\x0b\x32\x11.murmur.v1.Member\"_\n\rEncodedTensor\x12\r\n\x05\x63odec\x18\x01 \x01(\t\x12\r\n\x05numel\x18\x02 \x01(\x04\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x0e\n\x06scales\x18\x04 \x01(\x0c\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"\x88\x01\n\x05\x44\x65lta\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12)\n\x07payload\x18\x05 \x01(\x0b\x32\x18.murmur.v1.EncodedTensor\x12\x0f\n\x07session\x18\x06 \x01(\x04\"\x1f\n\x08\x44\x65ltaAck\x12\x13\n\x0breplica_seq\x18\x01 \x01(\x04\"\x84\x01\n\rSnapshotChunk\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\r\n\x05numel\x18\x04 \x01(\x04\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x0f\n\x07session\x18\x07 \x01(\x04\"\"\n\x0bSnapshotAck\x12\x13\n\x0breplica_seq\x18\x01 \x01(\x04\"\x0f\n\rStatusRequest\"\xc1\x01\n\x0fNeighbourStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0breplica_seq\x18\x03 \x01(\x03\x12\x10\n\x08silent_s\x18\x04 \x01(\x01\x12\x0e\n\x06in_mix\x18\x05 \x01(\x08\x12\x12\n\nbytes_sent\x18\x06 \x01(\x04\x12\x13\n\x0b\x64\x65ltas_sent\x18\x07 \x01(\x04\x12\x16\n\x0esnapshots_sent\x18\x08 \x01(\x04\x12\x14\n\x0c\x64istance_rms\x18\t \x01(\x01\"\xcf\x03\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\r\n\x05\x63odec\x18\x04 \x01(\t\x12\x0c\n\x04step\x18\x05 \x01(\x04\x12\x13\n\x0bstep_budget\x18\x06 \x01(\x04\x12\x15\n\rtraining_done\x18\x07 \x01(\x08\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12\x10\n\x08\x61\x63\x63uracy\x18\t \x01(\x01\x12\x0e\n\x06rounds\x18\n \x01(\x04\x12\x12\n\nbytes_sent\x18\x0b \x01(\x04\x12\x17\n\x0f\x62ytes_sent_fp32\x18\x0c \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\r \x01(\x04\x12\x15\n\rsamples_per_s\x18\x0e \x01(\x01\x12.\n\nneighbours\x18\x0f \x03(\x0b\x32\x1a.murmur.v1.NeighbourStatus\x12\"\n\x07members\x18\x10 \x03(\x0b\x32\x11.murmur.v1.Member\x12\x35\n\x08rejected\x18\x11 \x03(\x0b\x32#.murmur.v1.NodeStatus.RejectedEntry\x1a/\n\rRejectedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xa3\x02\n\x06Murmur\x12+\n\x05Hello\x12\x10.murmur.v1.Hello\x1a\x10.murmur.v1.Hello\x12\x32\n\tPushDelta\x12\x10.murmur.v1.Delta\x1a\x13.murmur.v1.DeltaAck\x12\x39\n\x0cStreamDeltas\x12\x10.murmur.v1.Delta\x1a\x13.murmur.v1.DeltaAck(\x01\x30\x01\x12\x42\n\x0cPushSnapshot\x12\x18.murmur.v1.SnapshotChunk\x1a\x16.murmur.v1.SnapshotAck(\x01\x12\x39\n\x06Status\x12\x18.murmur.v1.StatusRequest\x1a\x15.murmur.v1.NodeStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/murmur.proto\x12\tmurmur.v1\"7\n\tParamSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"Z\n\x0fTaskFingerprint\x12$\n\x06params\x18\x01 \x03(\x0b\x32\x14.murmur.v1.ParamSpec\x12\r\n\x05\x63odec\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\"h\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12\'\n\x06status\x18\x04 \x01(\x0e\x32\x17.murmur.v1.MemberStatus\"\x97\x01\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x1f\n\x04self\x18\x02 \x01(\x0b\x32\x11.murmur.v1.Member\x12/\n\x0b\x66ingerprint\x18\x03 \x01(\x0b\x32\x1a.murmur.v1.TaskFingerprint\x12\"\n\x07members\x18\x04 \x03(\x0b\x32\x11.murmur.v1.Member\"\xb3\x01\n\x0bSwimMessage\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12!\n\x04kind\x18\x02 \x01(\x0e\x32\x13.murmur.v1.SwimKind\x12\x0e\n\x06sender\x18\x03 \x01(\t\x12\x16\n\x0esender_address\x18\x04 \x01(\t\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12\x0e\n\x06target\x18\x06 \x01(\t\x12\"\n\x07updates\x18\x07 \x03(\x0b\x32\x11.murmur.v1.Member\"\x1c\n\tSwimReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"?\n\x10PullModelRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\trequester\x18\x02 \x01(\t\"G\n\nModelChunk\x12\r\n\x05numel\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04step\x18\x04 \x01(\x04\"_\n\rEncodedTensor\x12\r\n\x05\x63odec\x18\x01 \x01(\t\x12\r\n\x05numel\x18\x02 \x01(\x04\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x0e\n\x06scales\x18\x04 \x01(\x0c\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"\x98\x01\n\x05\x44\x65lta\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12)\n\x07payload\x18\x05 \x01(\x0b\x32\x18.murmur.v1.EncodedTensor\x12\x0f\n\x07session\x18\x06 \x01(\x04\x12\x0e\n\x06\x64\x65gree\x18\x07 \x01(\r\"\x1f\n\x08\x44\x65ltaAck\x12\x13\n\x0breplica_seq\x18\x01 \x01(\x04\"\x94\x01\n\rSnapshotChunk\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\r\n\x05numel\x18\x04 \x01(\x04\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x0f\n\x07session\x18\x07 \x01(\x04\x12\x0e\n\x06\x64\x65gree\x18\x08 \x01(\r\"\"\n\x0bSnapshotAck\x12\x13\n\x0breplica_seq\x18\x01 \x01(\x04\"\x0f\n\rStatusRequest\"\xd1\x01\n\x0fNeighbourStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0breplica_seq\x18\x03 \x01(\x03\x12\x10\n\x08silent_s\x18\x04 \x01(\x01\x12\x0e\n\x06in_mix\x18\x05 \x01(\x08\x12\x12\n\nbytes_sent\x18\x06 \x01(\x04\x12\x13\n\x0b\x64\x65ltas_sent\x18\x07 \x01(\x04\x12\x16\n\x0esnapshots_sent\x18\x08 \x01(\x04\x12\x14\n\x0c\x64istance_rms\x18\t \x01(\x01\x12\x0e\n\x06weight\x18\n \x01(\x01\"\xcf\x03\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\r\n\x05\x63odec\x18\x04 \x01(\t\x12\x0c\n\x04step\x18\x05 \x01(\x04\x12\x13\n\x0bstep_budget\x18\x06 \x01(\x04\x12\x15\n\rtraining_done\x18\x07 \x01(\x08\x12\x0c\n\x04loss\x18\x08 \x01(\x01\x12\x10\n\x08\x61\x63\x63uracy\x18\t \x01(\x01\x12\x0e\n\x06rounds\x18\n \x01(\x04\x12\x12\n\nbytes_sent\x18\x0b \x01(\x04\x12\x17\n\x0f\x62ytes_sent_fp32\x18\x0c \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\r \x01(\x04\x12\x15\n\rsamples_per_s\x18\x0e \x01(\x01\x12.\n\nneighbours\x18\x0f \x03(\x0b\x32\x1a.murmur.v1.NeighbourStatus\x12\"\n\x07members\x18\x10 \x03(\x0b\x32\x11.murmur.v1.Member\x12\x35\n\x08rejected\x18\x11 \x03(\x0b\x32#.murmur.v1.NodeStatus.RejectedEntry\x1a/\n\rRejectedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*:\n\x0cMemberStatus\x12\t\n\x05\x41LIVE\x10\x00\x12\x0b\n\x07SUSPECT\x10\x01\x12\x08\n\x04\x44\x45\x41\x44\x10\x02\x12\x08\n\x04LEFT\x10\x03*+\n\x08SwimKind\x12\x08\n\x04PING\x10\x00\x12\x07\n\x03\x41\x43K\x10\x01\x12\x0c\n\x08PING_REQ\x10\x02\x32\x9c\x03\n\x06Murmur\x12+\n\x05Hello\x12\x10.murmur.v1.Hello\x1a\x10.murmur.v1.Hello\x12\x32\n\tPushDelta\x12\x10.murmur.v1.Delta\x1a\x13.murmur.v1.DeltaAck\x12\x39\n\x0cStreamDeltas\x12\x10.murmur.v1.Delta\x1a\x13.murmur.v1.DeltaAck(\x01\x30\x01\x12\x42\n\x0cPushSnapshot\x12\x18.murmur.v1.SnapshotChunk\x1a\x16.murmur.v1.SnapshotAck(\x01\x12\x39\n\x06Status\x12\x18.murmur.v1.StatusRequest\x1a\x15.murmur.v1.NodeStatus\x12\x34\n\x04Swim\x12\x16.murmur.v1.SwimMessage\x1a\x14.murmur.v1.SwimReply\x12\x41\n\tPullModel\x12\x1b.murmur.v1.PullModelRequest\x1a\x15.murmur.v1.ModelChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NODESTATUS_REJECTEDENTRY']._loaded_options = None
   _globals['_NODESTATUS_REJECTEDENTRY']._serialized_options = b'8\001'
+  _globals['_MEMBERSTATUS']._serialized_start=1960
+  _globals['_MEMBERSTATUS']._serialized_end=2018
+  _globals['_SWIMKIND']._serialized_start=2020
+  _globals['_SWIMKIND']._serialized_end=2063
   _globals['_PARAMSPEC']._serialized_start=34
   _globals['_PARAMSPEC']._serialized_end=89
   _globals['_TASKFINGERPRINT']._serialized_start=91
   _globals['_TASKFINGERPRINT']._serialized_end=181
   _globals['_MEMBER']._serialized_start=183
-  _globals['_MEMBER']._serialized_end=225
-  _globals['_HELLO']._serialized_start=228
-  _globals['_HELLO']._serialized_end=379
-  _globals['_ENCODEDTENSOR']._serialized_start=381
-  _globals['_ENCODEDTENSOR']._serialized_end=476
-  _globals['_DELTA']._serialized_start=479
-  _globals['_DELTA']._serialized_end=615
-  _globals['_DELTAACK']._serialized_start=617
-  _globals['_DELTAACK']._serialized_end=648
-  _globals['_SNAPSHOTCHUNK']._serialized_start=651
-  _globals['_SNAPSHOTCHUNK']._serialized_end=783
-  _globals['_SNAPSHOTACK']._serialized_start=785
-  _globals['_SNAPSHOTACK']._serialized_end=819
-  _globals['_STATUSREQUEST']._serialized_start=821
-  _globals['_STATUSREQUEST']._serialized_end=836
-  _globals['_NEIGHBOURSTATUS']._serialized_start=839
-  _globals['_NEIGHBOURSTATUS']._serialized_end=1032
-  _globals['_NODESTATUS']._serialized_start=1035
-  _globals['_NODESTATUS']._serialized_end=1498
-  _globals['_NODESTATUS_REJECTEDENTRY']._serialized_start=1451
-  _globals['_NODESTATUS_REJECTEDENTRY']._serialized_end=1498
-  _globals['_MURMUR']._serialized_start=1501
-  _globals['_MURMUR']._serialized_end=1792
+  _globals['_MEMBER']._serialized_end=287
+  _globals['_HELLO']._serialized_start=290
+  _globals['_HELLO']._serialized_end=441
+  _globals['_SWIMMESSAGE']._serialized_start=444
+  _globals['_SWIMMESSAGE']._serialized_end=623
+  _globals['_SWIMREPLY']._serialized_start=625
+  _globals['_SWIMREPLY']._serialized_end=653
+  _globals['_PULLMODELREQUEST']._serialized_start=655
+  _globals['_PULLMODELREQUEST']._serialized_end=718
+  _globals['_MODELCHUNK']._serialized_start=720
+  _globals['_MODELCHUNK']._serialized_end=791
+  _globals['_ENCODEDTENSOR']._serialized_start=793
+  _globals['_ENCODEDTENSOR']._serialized_end=888
+  _globals['_DELTA']._serialized_start=891
+  _globals['_DELTA']._serialized_end=1043
+  _globals['_DELTAACK']._serialized_start=1045
+  _globals['_DELTAACK']._serialized_end=1076
+  _globals['_SNAPSHOTCHUNK']._serialized_start=1079
+  _globals['_SNAPSHOTCHUNK']._serialized_end=1227
+  _globals['_SNAPSHOTACK']._serialized_start=1229
+  _globals['_SNAPSHOTACK']._serialized_end=1263
+  _globals['_STATUSREQUEST']._serialized_start=1265
+  _globals['_STATUSREQUEST']._serialized_end=1280
+  _globals['_NEIGHBOURSTATUS']._serialized_start=1283
+  _globals['_NEIGHBOURSTATUS']._serialized_end=1492
+  _globals['_NODESTATUS']._serialized_start=1495
+  _globals['_NODESTATUS']._serialized_end=1958
+  _globals['_NODESTATUS_REJECTEDENTRY']._serialized_start=1911
+  _globals['_NODESTATUS_REJECTEDENTRY']._serialized_end=1958
+  _globals['_MURMUR']._serialized_start=2066
+  _globals['_MURMUR']._serialized_end=2478
 # @@protoc_insertion_point(module_scope)

@@ -1,10 +1,31 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class MemberStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ALIVE: _ClassVar[MemberStatus]
+    SUSPECT: _ClassVar[MemberStatus]
+    DEAD: _ClassVar[MemberStatus]
+    LEFT: _ClassVar[MemberStatus]
+
+class SwimKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PING: _ClassVar[SwimKind]
+    ACK: _ClassVar[SwimKind]
+    PING_REQ: _ClassVar[SwimKind]
+ALIVE: MemberStatus
+SUSPECT: MemberStatus
+DEAD: MemberStatus
+LEFT: MemberStatus
+PING: SwimKind
+ACK: SwimKind
+PING_REQ: SwimKind
 
 class ParamSpec(_message.Message):
     __slots__ = ("name", "shape", "dtype")
@@ -27,12 +48,16 @@ class TaskFingerprint(_message.Message):
     def __init__(self, params: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., codec: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("node_id", "address")
+    __slots__ = ("node_id", "address", "incarnation", "status")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+    incarnation: int
+    status: MemberStatus
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol_version", "self", "fingerprint", "members")
@@ -45,6 +70,50 @@ class Hello(_message.Message):
     fingerprint: TaskFingerprint
     members: _containers.RepeatedCompositeFieldContainer[Member]
     def __init__(self_, protocol_version: _Optional[int] = ..., self: _Optional[_Union[Member, _Mapping]] = ..., fingerprint: _Optional[_Union[TaskFingerprint, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+
+class SwimMessage(_message.Message):
+    __slots__ = ("protocol_version", "kind", "sender", "sender_address", "seq", "target", "updates")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    SENDER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    kind: SwimKind
+    sender: str
+    sender_address: str
+    seq: int
+    target: str
+    updates: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self, protocol_version: _Optional[int] = ..., kind: _Optional[_Union[SwimKind, str]] = ..., sender: _Optional[str] = ..., sender_address: _Optional[str] = ..., seq: _Optional[int] = ..., target: _Optional[str] = ..., updates: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+
+class SwimReply(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class PullModelRequest(_message.Message):
+    __slots__ = ("protocol_version", "requester")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTER_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    requester: str
+    def __init__(self, protocol_version: _Optional[int] = ..., requester: _Optional[str] = ...) -> None: ...
+
+class ModelChunk(_message.Message):
+    __slots__ = ("numel", "offset", "data", "step")
+    NUMEL_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    numel: int
+    offset: int
+    data: bytes
+    step: int
+    def __init__(self, numel: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., step: _Optional[int] = ...) -> None: ...
 
 class EncodedTensor(_message.Message):
     __slots__ = ("codec", "numel", "block_size", "scales", "data")
@@ -61,20 +130,22 @@ class EncodedTensor(_message.Message):
     def __init__(self, codec: _Optional[str] = ..., numel: _Optional[int] = ..., block_size: _Optional[int] = ..., scales: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Delta(_message.Message):
-    __slots__ = ("protocol_version", "sender", "seq", "step", "payload", "session")
+    __slots__ = ("protocol_version", "sender", "seq", "step", "payload", "session", "degree")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    DEGREE_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     sender: str
     seq: int
     step: int
     payload: EncodedTensor
     session: int
-    def __init__(self, protocol_version: _Optional[int] = ..., sender: _Optional[str] = ..., seq: _Optional[int] = ..., step: _Optional[int] = ..., payload: _Optional[_Union[EncodedTensor, _Mapping]] = ..., session: _Optional[int] = ...) -> None: ...
+    degree: int
+    def __init__(self, protocol_version: _Optional[int] = ..., sender: _Optional[str] = ..., seq: _Optional[int] = ..., step: _Optional[int] = ..., payload: _Optional[_Union[EncodedTensor, _Mapping]] = ..., session: _Optional[int] = ..., degree: _Optional[int] = ...) -> None: ...
 
 class DeltaAck(_message.Message):
     __slots__ = ("replica_seq",)
@@ -83,7 +154,7 @@ class DeltaAck(_message.Message):
     def __init__(self, replica_seq: _Optional[int] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("protocol_version", "sender", "seq", "numel", "offset", "data", "session")
+    __slots__ = ("protocol_version", "sender", "seq", "numel", "offset", "data", "session", "degree")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +162,7 @@ class SnapshotChunk(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    DEGREE_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     sender: str
     seq: int
@@ -98,7 +170,8 @@ class SnapshotChunk(_message.Message):
     offset: int
     data: bytes
     session: int
-    def __init__(self, protocol_version: _Optional[int] = ..., sender: _Optional[str] = ..., seq: _Optional[int] = ..., numel: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., session: _Optional[int] = ...) -> None: ...
+    degree: int
+    def __init__(self, protocol_version: _Optional[int] = ..., sender: _Optional[str] = ..., seq: _Optional[int] = ..., numel: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., session: _Optional[int] = ..., degree: _Optional[int] = ...) -> None: ...
 
 class SnapshotAck(_message.Message):
     __slots__ = ("replica_seq",)
@@ -111,7 +184,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NeighbourStatus(_message.Message):
-    __slots__ = ("node_id", "address", "replica_seq", "silent_s", "in_mix", "bytes_sent", "deltas_sent", "snapshots_sent", "distance_rms")
+    __slots__ = ("node_id", "address", "replica_seq", "silent_s", "in_mix", "bytes_sent", "deltas_sent", "snapshots_sent", "distance_rms", "weight")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +194,7 @@ class NeighbourStatus(_message.Message):
     DELTAS_SENT_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_SENT_FIELD_NUMBER: _ClassVar[int]
     DISTANCE_RMS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     replica_seq: int
@@ -130,7 +204,8 @@ class NeighbourStatus(_message.Message):
     deltas_sent: int
     snapshots_sent: int
     distance_rms: float
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ...) -> None: ...
+    weight: float
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "loss", "accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected")

@@ -59,6 +59,16 @@ class MurmurStub:
                 request_serializer=protos_dot_murmur__pb2.StatusRequest.SerializeToString,
                 response_deserializer=protos_dot_murmur__pb2.NodeStatus.FromString,
                 _registered_method=True)
+        self.Swim = channel.unary_unary(
+                '/murmur.v1.Murmur/Swim',
+                request_serializer=protos_dot_murmur__pb2.SwimMessage.SerializeToString,
+                response_deserializer=protos_dot_murmur__pb2.SwimReply.FromString,
+                _registered_method=True)
+        self.PullModel = channel.unary_stream(
+                '/murmur.v1.Murmur/PullModel',
+                request_serializer=protos_dot_murmur__pb2.PullModelRequest.SerializeToString,
+                response_deserializer=protos_dot_murmur__pb2.ModelChunk.FromString,
+                _registered_method=True)
 
 
 class MurmurServicer:
@@ -98,6 +108,20 @@ class MurmurServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Swim(self, request, context):
+        """SWIM membership: pings, acks and ping-requests, each one call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullModel(self, request, context):
+        """A joiner's copy of the current model, streamed in chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MurmurServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -125,6 +149,16 @@ def add_MurmurServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=protos_dot_murmur__pb2.StatusRequest.FromString,
                     response_serializer=protos_dot_murmur__pb2.NodeStatus.SerializeToString,
+            ),
+            'Swim': grpc.unary_unary_rpc_method_handler(
+                    servicer.Swim,
+                    request_deserializer=protos_dot_murmur__pb2.SwimMessage.FromString,
+                    response_serializer=protos_dot_murmur__pb2.SwimReply.SerializeToString,
+            ),
+            'PullModel': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullModel,
+                    request_deserializer=protos_dot_murmur__pb2.PullModelRequest.FromString,
+                    response_serializer=protos_dot_murmur__pb2.ModelChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -262,6 +296,60 @@ class Murmur:
             '/murmur.v1.Murmur/Status',
             protos_dot_murmur__pb2.StatusRequest.SerializeToString,
             protos_dot_murmur__pb2.NodeStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Swim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/murmur.v1.Murmur/Swim',
+            protos_dot_murmur__pb2.SwimMessage.SerializeToString,
+            protos_dot_murmur__pb2.SwimReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/murmur.v1.Murmur/PullModel',
+            protos_dot_murmur__pb2.PullModelRequest.SerializeToString,
+            protos_dot_murmur__pb2.ModelChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,7 +15,8 @@ from typing import Protocol
 import torch
 
 from gossip.codecs import tensor_to_bytes
-from gossip.messages import Delta, Hello, SnapshotHeader
+from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
+from gossip.swim import SwimMessage
 from node.status import NodeStatus
 
 __all__ = [
@@ -47,11 +48,15 @@ class Reason(StrEnum):
     STALE = "stale"
     NOT_READY = "not_ready"
     SHUTTING_DOWN = "shutting_down"
+    #: A joiner's advertised address does not answer, or someone else answers there.
+    BAD_ADDRESS = "bad_address"
 
 
 #: Reasons that mean the message itself is wrong (INVALID_ARGUMENT); the others mean it does not
 #: fit the receiver's state (FAILED_PRECONDITION).
-INVALID_ARGUMENT_REASONS = frozenset({Reason.MALFORMED, Reason.BAD_PAYLOAD, Reason.NON_FINITE})
+INVALID_ARGUMENT_REASONS = frozenset(
+    {Reason.MALFORMED, Reason.BAD_PAYLOAD, Reason.NON_FINITE, Reason.BAD_ADDRESS}
+)
 
 
 class Rejected(Exception):
@@ -113,6 +118,14 @@ class Handler(Protocol):
 
     async def rpc_status(self) -> NodeStatus: ...
 
+    async def rpc_swim(self, protocol_version: int, message: SwimMessage) -> str:
+        """Takes one membership message; returns this node's id."""
+        ...
+
+    def rpc_pull_model(self, protocol_version: int, requester: str) -> AsyncIterator[ModelChunk]:
+        """This node's current model, in chunks."""
+        ...
+
     def note_rejected(self, reason: Reason, detail: str) -> None:
         """Counts a message the transport refused before it could reach an rpc_* method."""
         ...
@@ -136,6 +149,16 @@ class Transport(Protocol):
     ) -> int: ...
 
     async def call_status(self, address: str, timeout_s: float) -> NodeStatus: ...
+
+    async def call_swim(self, address: str, message: SwimMessage, timeout_s: float) -> str:
+        """Delivers one membership message; returns the id of the node that took it."""
+        ...
+
+    def call_pull_model(
+        self, address: str, requester: str, timeout_s: float
+    ) -> AsyncIterator[ModelChunk]:
+        """The model of the node at ``address``, chunk by chunk, as they arrive."""
+        ...
 
     async def close(self, grace_s: float) -> None:
         """Stops serving (in-flight calls get ``grace_s`` to finish) and closes every channel."""

@@ -17,7 +17,8 @@ import grpc
 import grpc.aio
 import torch
 
-from gossip.messages import Delta, Hello, SnapshotHeader
+from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
+from gossip.swim import SwimMessage
 from node import wire
 from node.status import NodeStatus
 from node.transport.base import (
@@ -165,6 +166,27 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
     ) -> wire.pb.NodeStatus:
         return wire.status_to_pb(await self.handler.rpc_status())
 
+    async def Swim(  # noqa: N802
+        self, request: wire.pb.SwimMessage, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> wire.pb.SwimReply:
+        try:
+            version, message = self._decode(wire.swim_from_pb, request)
+            return wire.pb.SwimReply(node_id=await self.handler.rpc_swim(version, message))
+        except Rejected as err:
+            await self._refuse(context, err)
+            raise AssertionError("abort returned") from err
+
+    async def PullModel(  # noqa: N802
+        self, request: wire.pb.PullModelRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[wire.pb.ModelChunk]:
+        try:
+            chunks = self.handler.rpc_pull_model(request.protocol_version, request.requester)
+            async for chunk in chunks:
+                yield wire.model_chunk_to_pb(chunk)
+        except Rejected as err:
+            await self._refuse(context, err)
+            raise AssertionError("abort returned") from err
+
 
 def _error_of(
     address: str, code: grpc.StatusCode, details: str | None, metadata: Any
@@ -287,6 +309,27 @@ class GrpcTransport:
         except grpc.aio.AioRpcError as err:
             raise _map_error(address, err) from None
         return wire.status_from_pb(reply)
+
+    async def call_swim(self, address: str, message: SwimMessage, timeout_s: float) -> str:
+        request = wire.swim_to_pb(message, PROTOCOL_VERSION)
+        try:
+            reply = await self._stub(address).Swim(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise _map_error(address, err) from None
+        return str(reply.node_id)
+
+    async def call_pull_model(
+        self, address: str, requester: str, timeout_s: float
+    ) -> AsyncIterator[ModelChunk]:
+        request = wire.pb.PullModelRequest(protocol_version=PROTOCOL_VERSION, requester=requester)
+        call = self._stub(address).PullModel(request, timeout=timeout_s)
+        try:
+            async for chunk in call:
+                yield wire.model_chunk_from_pb(chunk)
+        except grpc.aio.AioRpcError as err:
+            raise _map_error(address, err) from None
+        finally:
+            call.cancel()
 
     async def close(self, grace_s: float) -> None:
         # Stop serving first so no new inbound work starts while channels go away.

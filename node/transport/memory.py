@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from gossip.messages import Delta, Hello, SnapshotHeader
+from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
+from gossip.swim import SwimMessage
 from node.status import NodeStatus
 from node.transport.base import Handler, Rejected, SnapshotChunk, Unreachable, iter_chunks
 
@@ -90,6 +91,28 @@ class MemoryTransport:
     async def call_status(self, address: str, timeout_s: float) -> NodeStatus:
         handler = self.network.route(self.address, address, "status")
         return await _within(handler.rpc_status(), timeout_s)
+
+    async def call_swim(self, address: str, message: SwimMessage, timeout_s: float) -> str:
+        handler = self.network.route(self.address, address, message)
+        return await _within(handler.rpc_swim(PROTOCOL_VERSION, message), timeout_s)
+
+    async def call_pull_model(
+        self, address: str, requester: str, timeout_s: float
+    ) -> AsyncIterator[ModelChunk]:
+        handler = self.network.route(self.address, address, "pull")
+        chunks = aiter(handler.rpc_pull_model(PROTOCOL_VERSION, requester))
+
+        async def next_chunk() -> ModelChunk | None:
+            return await anext(chunks, None)
+
+        # The whole transfer has one deadline, as a gRPC call has.
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            chunk = await _within(next_chunk(), left)
+            if chunk is None:
+                return
+            yield chunk
 
     async def close(self, grace_s: float) -> None:
         if self.address:

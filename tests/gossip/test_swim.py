@@ -187,5 +187,5 @@ def test_a_suspect_is_probed_first_and_told_of_its_suspicion() -> None:
 
 
 def test_config_refuses_a_ping_timeout_as_long_as_the_period() -> None:
-    with pytest.raises(ValueError, match="ping_timeout_s"):
-        SwimConfig(period_s=1.0, ping_timeout_s=1.0)
+    with pytest.raises(ValueError, match="ping_timeout"):
+        SwimConfig(period_s=1.0, ping_timeout=1.0)

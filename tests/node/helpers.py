@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
+from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
+from gossip.swim import Swim, SwimConfig, SwimMessage
 from node.config import GossipConfig, NodeConfig
-from node.node import Node
+from node.node import MonotonicClock, Node
+from node.status import NodeStatus
 from node.trainer import TrainerConfig
-from node.transport.base import Transport
+from node.transport.base import Reason, Rejected, SnapshotChunk, Transport
+from node.transport.grpc import GrpcTransport
 from node.transport.memory import MemoryNetwork, MemoryTransport
 
 
@@ -83,3 +88,60 @@ def replica_matches_sender(receiver: Node, sender: Node) -> bool:
         and replica.seq == sender.state.seq
         and torch.equal(replica.value, sender.state.public)
     )
+
+
+class SwimResponder:
+    """A member that takes part in the membership protocol and nothing else: a peer at a real
+    address for tests that feed a node messages by hand. It answers pings (so the node keeps it
+    alive) but never probes, trains or gossips."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.transport = GrpcTransport()
+        self.swim: Swim | None = None
+        self._sends: set[asyncio.Task[str]] = set()
+
+    async def start(self) -> str:
+        address = await self.transport.serve(self, "127.0.0.1:0")
+        self.swim = Swim(self.node_id, address, 1, SwimConfig(), MonotonicClock())
+        return address
+
+    async def stop(self) -> None:
+        for task in self._sends:
+            task.cancel()
+        await self.transport.close(0)
+
+    async def rpc_swim(self, protocol_version: int, message: SwimMessage) -> str:
+        assert self.swim is not None
+        for out in self.swim.receive(message):
+            task = asyncio.create_task(self.transport.call_swim(out.address, out.message, 1.0))
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
+        return self.node_id
+
+    def _busy(self) -> NoReturn:
+        raise Rejected(Reason.NOT_READY, "this peer only answers the membership protocol")
+
+    async def rpc_hello(self, hello: Hello) -> Hello:
+        self._busy()
+
+    async def rpc_push_delta(self, delta: Delta) -> int:
+        self._busy()
+
+    async def rpc_push_snapshot(
+        self, header: SnapshotHeader, chunks: AsyncIterator[SnapshotChunk]
+    ) -> int:
+        self._busy()
+
+    async def rpc_status(self) -> NodeStatus:
+        self._busy()
+
+    async def rpc_pull_model(
+        self, protocol_version: int, requester: str
+    ) -> AsyncIterator[ModelChunk]:
+        if self.swim is not None:  # always: the refusal comes first, as in the real one
+            self._busy()
+        yield ModelChunk(0, 0, b"")
+
+    def note_rejected(self, reason: Reason, detail: str) -> None:
+        pass

@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from gossip.codecs import get_codec, tensor_to_bytes
-from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member
+from gossip.messages import PROTOCOL_VERSION, Delta, Hello
+from gossip.swim import MemberRecord
 from node import wire
 from node.node import Node
 from protos import murmur_pb2 as pb
 from protos import murmur_pb2_grpc as pb_grpc
-from tests.node.helpers import config
+from tests.node.helpers import SwimResponder, config
 
 PEER = "f" * 32
 SESSION = 77
@@ -30,6 +31,7 @@ class Target:
     node: Node
     stub: pb_grpc.MurmurStub
     numel: int
+    peer: SwimResponder
 
     def frozen(self) -> tuple[bytes, int, bytes]:
         """Everything a bad message must not change: the replica, its seq, the model."""
@@ -52,8 +54,10 @@ async def target(tmp_path: Path) -> AsyncIterator[Target]:
     await node.start()
     channel = grpc.aio.insecure_channel(node.address)
     stub = pb_grpc.MurmurStub(channel)  # type: ignore[no-untyped-call]
-    # Introduce a peer (at an address nobody answers) and give the node its replica.
-    hello = Hello(PROTOCOL_VERSION, Member(PEER, "127.0.0.1:9"), node.fingerprint, ())
+    # Introduce a peer (one that answers the membership protocol) and give the node its replica.
+    peer = SwimResponder(PEER)
+    peer_address = await peer.start()
+    hello = Hello(PROTOCOL_VERSION, MemberRecord(PEER, peer_address, 1), node.fingerprint, ())
     await stub.Hello(wire.hello_to_pb(hello))
     numel = node.flat.numel
     values = torch.randn(numel, generator=torch.Generator().manual_seed(0))
@@ -68,9 +72,10 @@ async def target(tmp_path: Path) -> AsyncIterator[Target]:
     )
     await stub.PushSnapshot(iter([chunk]))
     assert (await stub.PushDelta(good_delta(numel, 1))).replica_seq == 1
-    yield Target(node, stub, numel)
+    yield Target(node, stub, numel, peer)
     await channel.close()
     await node.stop(grace_s=0)
+    await peer.stop()
 
 
 def _with(d: pb.Delta, **fields: object) -> pb.Delta:
@@ -210,7 +215,7 @@ async def test_a_snapshot_with_chunks_out_of_place_is_refused(target: Target) ->
 async def test_a_hello_for_another_task_is_refused_with_what_differs(target: Target) -> None:
     other = Hello(
         PROTOCOL_VERSION,
-        Member("d" * 32, "127.0.0.1:9"),
+        MemberRecord("d" * 32, "127.0.0.1:9", 1),
         type(target.node.fingerprint)(target.node.fingerprint.params[:-1], "int4", 256),
         (),
     )
@@ -228,3 +233,44 @@ async def test_a_message_larger_than_a_whole_fp32_model_is_refused_by_size(targe
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await target.stub.PushDelta(huge)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def members(node: Node) -> list[MemberRecord]:
+    return node.peers.swim.records()
+
+
+@pytest.mark.parametrize(
+    ("address", "code", "reason", "words"),
+    [
+        ("no-port-here", INVALID, "malformed", "is not host:port"),
+        ("127.0.0.1:99999", INVALID, "malformed", "is not host:port"),
+        ("127.0.0.1:9", INVALID, "bad_address", "nobody answers at your address"),
+        ("PEER", INVALID, "bad_address", "another node"),
+    ],
+)
+async def test_a_join_from_an_address_that_is_wrong_or_silent_changes_no_view(
+    target: Target, address: str, code: grpc.StatusCode, reason: str, words: str
+) -> None:
+    if address == "PEER":  # a real member answers there, under another id
+        address = target.peer.swim.address if target.peer.swim else ""
+    before = members(target.node)
+    joiner = MemberRecord("d" * 32, address, 1)
+    hello = wire.hello_to_pb(Hello(PROTOCOL_VERSION, joiner, target.node.fingerprint, ()))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await target.stub.Hello(hello)
+    assert info.value.code() == code
+    assert words in str(info.value.details())
+    assert members(target.node) == before
+    assert (await target.rejected()).get(reason) == 1
+
+
+async def test_a_join_in_another_protocol_version_changes_no_view(target: Target) -> None:
+    before = members(target.node)
+    hello = wire.hello_to_pb(
+        Hello(99, MemberRecord("d" * 32, "127.0.0.1:9", 1), target.node.fingerprint, ())
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await target.stub.Hello(hello)
+    assert info.value.code() == PRECONDITION
+    assert "protocol version 99" in str(info.value.details())
+    assert members(target.node) == before

@@ -3,24 +3,56 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from node.checkpoint import atomic_write, load_checkpoint, save_checkpoint
+from node.checkpoint import Checkpoint, atomic_write, load_checkpoint, save_checkpoint
+
+MakeOptimizer = Callable[[Iterator[torch.nn.Parameter]], torch.optim.Optimizer]
 
 
-def test_a_checkpoint_round_trips(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [
+        lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+        lambda params: torch.optim.Adam(params, lr=0.1),
+    ],
+    ids=["sgd-momentum", "adam"],
+)
+def test_a_checkpoint_round_trips_with_the_optimizer_state(
+    tmp_path: Path, make_optimizer: MakeOptimizer
+) -> None:
     model = torch.nn.Linear(3, 2)
+    optimizer = make_optimizer(model.parameters())
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(4, 3)).pow(2).sum().backward()
+        optimizer.step()
     public = torch.randn(8)
     path = tmp_path / "sub" / "ckpt.safetensors"
-    save_checkpoint(path, model.state_dict(), public, {"step": 5, "node_id": "abc"})
-    state, got_public, meta = load_checkpoint(path)
-    assert set(state) == {"weight", "bias"}
-    assert torch.equal(state["weight"], model.weight.detach())
-    assert torch.equal(got_public, public)
-    assert meta == {"step": 5, "node_id": "abc"}
+    save_checkpoint(
+        path, Checkpoint(model.state_dict(), public, optimizer.state_dict(), {"step": 5})
+    )
+    got = load_checkpoint(path)
+    assert set(got.model) == {"weight", "bias"}
+    assert torch.equal(got.model["weight"], model.weight.detach())
+    assert torch.equal(got.public, public)
+    assert got.meta == {"step": 5}
+    # A fresh optimizer loaded from the checkpoint takes the very same next step.
+    again = torch.nn.Linear(3, 2)
+    again.load_state_dict(got.model)
+    restored = make_optimizer(again.parameters())
+    assert got.optimizer is not None
+    restored.load_state_dict(dict(got.optimizer))
+    batch = torch.randn(4, 3)
+    for m, opt in ((model, optimizer), (again, restored)):
+        opt.zero_grad()
+        m(batch).pow(2).sum().backward()
+        opt.step()
+    assert torch.equal(model.weight, again.weight)
 
 
 def test_a_failed_write_leaves_the_old_file_whole(
@@ -41,4 +73,6 @@ def test_a_failed_write_leaves_the_old_file_whole(
 
 def test_a_model_tensor_may_not_shadow_the_public_copy(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"murmur\.public_copy"):
-        save_checkpoint(tmp_path / "c", {"murmur.public_copy": torch.zeros(1)}, torch.zeros(1), {})
+        save_checkpoint(
+            tmp_path / "c", Checkpoint({"murmur.public_copy": torch.zeros(1)}, torch.zeros(1))
+        )

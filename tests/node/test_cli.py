@@ -128,7 +128,8 @@ async def test_two_nodes_train_report_and_stop_cleanly(
     assert await a.stop(signal.SIGTERM) == 0
     assert await b.stop(signal.SIGINT) == 0
     for name, ready in (("a", ready_a), ("b", ready_b)):
-        state, _, meta = load_checkpoint(tmp_path / name / CHECKPOINT_FILE)
+        ckpt = load_checkpoint(tmp_path / name / CHECKPOINT_FILE)
+        state, meta = ckpt.model, ckpt.meta
         assert meta["node_id"] == ready["node_id"]
         assert meta["step"] == 150
         assert set(state) == {"0.weight", "0.bias", "2.weight", "2.bias"}

@@ -10,6 +10,7 @@ import torch
 
 from gossip.messages import Delta
 from gossip.simulate import consensus_distance
+from gossip.swim import SwimConfig
 from gossip.topology import build
 from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from node.node import SUMMARY_FILE, JoinError, Node
@@ -93,14 +94,19 @@ async def test_lost_deltas_are_repaired_by_snapshots(tmp_path: Path) -> None:
         )
 
 
-async def test_a_dead_neighbour_leaves_the_mix_and_training_goes_on(tmp_path: Path) -> None:
-    network = MemoryNetwork()
-    async with memory_swarm(
-        tmp_path, 3, {"trainer.steps": 100_000, "gossip.silence_limit_s": 0.5}, network
-    ) as nodes:
+async def test_a_silent_neighbour_leaves_the_mix_and_training_goes_on(tmp_path: Path) -> None:
+    silent: set[str] = set()
+    network = MemoryNetwork(drop=lambda caller, callee, _: caller in silent)
+    # Never declared dead (no suspicion timeout), so only its silence takes it out of the mix.
+    settings = {
+        "trainer.steps": 100_000,
+        "gossip.silence_limit_s": 0.5,
+        "membership": SwimConfig(suspicion_mult=1e6),
+    }
+    async with memory_swarm(tmp_path, 3, settings, network) as nodes:
         a, b, dead = nodes
         await a.wait_until(lambda: a.trainer.step > 50, TIMEOUT_S)
-        await dead.stop(grace_s=0)  # it stops serving; its links stop sending
+        silent.add(dead.address)
         steps_then = a.trainer.step
 
         async def out_of_mix() -> bool:
@@ -141,7 +147,8 @@ async def test_stopping_writes_a_checkpoint_and_a_summary(tmp_path: Path) -> Non
             await n.wait_until(n.training_finished.is_set, TIMEOUT_S)
         node = nodes[0]
         await node.stop()
-        state, public, meta = load_checkpoint(tmp_path / "node-0" / CHECKPOINT_FILE)
+        ckpt = load_checkpoint(tmp_path / "node-0" / CHECKPOINT_FILE)
+        state, public, meta = ckpt.model, ckpt.public, ckpt.meta
         for name, param in node.task.model.state_dict().items():
             assert torch.equal(state[name], param)
         assert torch.equal(public, node.state.public)

@@ -13,11 +13,12 @@ from gossip.messages import (
     PROTOCOL_VERSION,
     Delta,
     Hello,
-    Member,
+    ModelChunk,
     ParamSpec,
     SnapshotHeader,
     TaskFingerprint,
 )
+from gossip.swim import Kind, MemberRecord, Status, SwimMessage
 from node.status import NeighbourStatus, NodeStatus
 from node.transport.base import (
     CHUNK_VALUES,
@@ -26,6 +27,7 @@ from node.transport.base import (
     SnapshotChunk,
     Transport,
     Unreachable,
+    iter_chunks,
 )
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from node.transport.memory import MemoryNetwork, MemoryTransport
@@ -46,8 +48,11 @@ STATUS = NodeStatus(
     bytes_sent_fp32=400,
     bytes_received=50,
     samples_per_s=12.5,
-    neighbours=(NeighbourStatus("c" * 32, "there:2", 4, 0.25, True, 10, 2, 1, 0.01),),
-    members=(Member("b" * 32, "here:1"), Member("c" * 32, "there:2")),
+    neighbours=(NeighbourStatus("c" * 32, "there:2", 4, 0.25, True, 10, 2, 1, 0.01, 0.25),),
+    members=(
+        MemberRecord("b" * 32, "here:1", 7),
+        MemberRecord("c" * 32, "there:2", 9, Status.SUSPECT),
+    ),
     rejected={"gap": 2},
 )
 
@@ -60,9 +65,29 @@ class RecordingHandler:
     deltas: list[Delta] = field(default_factory=list)
     snapshots: list[tuple[SnapshotHeader, torch.Tensor]] = field(default_factory=list)
     noted: list[Reason] = field(default_factory=list)
+    swims: list[tuple[int, SwimMessage]] = field(default_factory=list)
+    model: torch.Tensor = field(default_factory=lambda: torch.randn(2 * CHUNK_VALUES + 7))
+    pulls: list[str] = field(default_factory=list)
 
     async def rpc_hello(self, hello: Hello) -> Hello:
-        return Hello(PROTOCOL_VERSION, Member("b" * 32, "here:1"), FINGERPRINT, hello.members)
+        return Hello(
+            PROTOCOL_VERSION, MemberRecord("b" * 32, "here:1", 7), FINGERPRINT, hello.members
+        )
+
+    async def rpc_swim(self, protocol_version: int, message: SwimMessage) -> str:
+        if message.target == "refuse":
+            raise Rejected(Reason.MALFORMED, "no swim for you")
+        self.swims.append((protocol_version, message))
+        return "b" * 32
+
+    async def rpc_pull_model(
+        self, protocol_version: int, requester: str
+    ) -> AsyncIterator[ModelChunk]:
+        if requester == "stranger":
+            raise Rejected(Reason.UNKNOWN_SENDER, "who are you?")
+        self.pulls.append(requester)
+        for chunk in iter_chunks(self.model):
+            yield ModelChunk(self.model.numel(), chunk.offset, chunk.data, step=11)
 
     async def rpc_push_delta(self, delta: Delta) -> int:
         if delta.seq in self.refuse_seq:
@@ -121,16 +146,18 @@ def delta(seq: int, n: int = 500) -> Delta:
     payload = get_codec("int8", 64).encode(
         torch.randn(n, generator=torch.Generator().manual_seed(seq))
     )
-    return Delta("a" * 32, session=42, seq=seq, step=seq * 3, payload=payload)
+    return Delta("a" * 32, session=42, seq=seq, step=seq * 3, payload=payload, degree=3)
 
 
 async def test_hello_round_trips(pair: Pair) -> None:
     _, client, address, _ = pair
-    members = (Member("a" * 32, "me:1"), Member("d" * 32, "x:9"))
+    members = (MemberRecord("a" * 32, "me:1", 3), MemberRecord("d" * 32, "x:9", 1, Status.LEFT))
     reply = await client.call_hello(
         address, Hello(PROTOCOL_VERSION, members[0], FINGERPRINT, members), 5
     )
-    assert reply == Hello(PROTOCOL_VERSION, Member("b" * 32, "here:1"), FINGERPRINT, members)
+    assert reply == Hello(
+        PROTOCOL_VERSION, MemberRecord("b" * 32, "here:1", 7), FINGERPRINT, members
+    )
 
 
 async def test_a_delta_arrives_intact(pair: Pair) -> None:
@@ -153,7 +180,7 @@ async def test_a_refusal_comes_back_as_the_same_refusal(pair: Pair, reason: Reas
 async def test_a_snapshot_arrives_in_chunks_and_whole(pair: Pair) -> None:
     _, client, address, handler = pair
     values = torch.randn(2 * CHUNK_VALUES + 1234)
-    header = SnapshotHeader("a" * 32, session=42, seq=9, numel=values.numel())
+    header = SnapshotHeader("a" * 32, session=42, seq=9, numel=values.numel(), degree=5)
     assert await client.call_push_snapshot(address, header, values, 10) == 9
     [(got_header, got_values)] = handler.snapshots
     assert got_header == header
@@ -198,3 +225,37 @@ async def test_nobody_listening_is_unreachable(pair: Pair) -> None:
         await client.call_push_delta(address, delta(1), 2)
     with pytest.raises(Unreachable):
         await client.call_status(address, 2)
+    with pytest.raises(Unreachable):
+        await client.call_swim(address, SwimMessage(Kind.PING, "a" * 32, "me:1", 1), 2)
+    with pytest.raises(Unreachable):
+        [c async for c in client.call_pull_model(address, "a" * 32, 2)]
+
+
+async def test_a_membership_message_arrives_intact_and_names_who_took_it(pair: Pair) -> None:
+    _, client, address, handler = pair
+    message = SwimMessage(
+        Kind.PING_REQ,
+        "a" * 32,
+        "me:1",
+        seq=12,
+        target="d" * 32,
+        updates=(MemberRecord("a" * 32, "me:1", 3), MemberRecord("d" * 32, "x:9", 2, Status.DEAD)),
+    )
+    assert await client.call_swim(address, message, 5) == "b" * 32
+    assert handler.swims == [(PROTOCOL_VERSION, message)]
+    with pytest.raises(Rejected) as info:
+        await client.call_swim(address, SwimMessage(Kind.PING, "a" * 32, "me:1", 1, "refuse"), 5)
+    assert info.value.reason is Reason.MALFORMED
+
+
+async def test_a_model_is_pulled_in_order_in_chunks(pair: Pair) -> None:
+    _, client, address, handler = pair
+    chunks = [c async for c in client.call_pull_model(address, "a" * 32, 10)]
+    assert [c.offset for c in chunks] == list(range(0, handler.model.numel(), CHUNK_VALUES))
+    assert {(c.numel, c.step) for c in chunks} == {(handler.model.numel(), 11)}
+    got = torch.cat([torch.frombuffer(bytearray(c.data), dtype=torch.float32) for c in chunks])
+    assert torch.equal(got, handler.model)
+    assert handler.pulls == ["a" * 32]
+    with pytest.raises(Rejected) as info:
+        [c async for c in client.call_pull_model(address, "stranger", 10)]
+    assert info.value.reason is Reason.UNKNOWN_SENDER

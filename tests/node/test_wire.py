@@ -10,11 +10,12 @@ from gossip.messages import (
     PROTOCOL_VERSION,
     Delta,
     Hello,
-    Member,
+    ModelChunk,
     ParamSpec,
     SnapshotHeader,
     TaskFingerprint,
 )
+from gossip.swim import Kind, MemberRecord, Status, SwimMessage
 from node import wire
 from node.transport.base import CHUNK_VALUES, Reason, Rejected, SnapshotChunk, iter_chunks
 from protos import murmur_pb2 as pb
@@ -25,7 +26,12 @@ FP = TaskFingerprint(
 
 
 def test_hello_round_trips() -> None:
-    hello = Hello(PROTOCOL_VERSION, Member("a1", "h:1"), FP, (Member("b2", "h:2"),))
+    hello = Hello(
+        PROTOCOL_VERSION,
+        MemberRecord("a1", "h:1", 5),
+        FP,
+        tuple(MemberRecord("b2", f"h:{i + 2}", i, status) for i, status in enumerate(Status)),
+    )
     assert (
         wire.hello_from_pb(pb.Hello.FromString(wire.hello_to_pb(hello).SerializeToString()))
         == hello
@@ -35,7 +41,7 @@ def test_hello_round_trips() -> None:
 @pytest.mark.parametrize("codec", ["fp32", "int8", "int4", "sign"])
 def test_delta_round_trips_and_its_size_is_counted_exactly(codec: str) -> None:
     payload = get_codec(codec, 64).encode(torch.randn(1000))
-    delta = Delta("a1", 2**62, 17, 400, payload)
+    delta = Delta("a1", 2**62, 17, 400, payload, degree=6)
     raw = wire.delta_to_pb(delta).SerializeToString()
     assert wire.delta_from_pb(pb.Delta.FromString(raw)) == delta
     assert wire.delta_nbytes(delta) == len(raw)
@@ -44,7 +50,7 @@ def test_delta_round_trips_and_its_size_is_counted_exactly(codec: str) -> None:
 
 def test_snapshot_size_is_counted_without_building_the_chunks() -> None:
     values = torch.randn(2 * CHUNK_VALUES + 5)
-    header = SnapshotHeader("a1", 3, 9, values.numel())
+    header = SnapshotHeader("a1", 3, 9, values.numel(), degree=4)
     real = sum(wire.snapshot_chunk_to_pb(header, c).ByteSize() for c in iter_chunks(values))
     assert wire.snapshot_nbytes(header) == real
     first = wire.snapshot_chunk_from_pb(wire.snapshot_chunk_to_pb(header, SnapshotChunk(0, b"x")))
@@ -75,3 +81,40 @@ def test_malformed_deltas_are_refused() -> None:
         with pytest.raises(Rejected) as info:
             wire.delta_from_pb(message)
         assert info.value.reason is Reason.MALFORMED
+
+
+@pytest.mark.parametrize("kind", list(Kind))
+def test_membership_messages_round_trip(kind: Kind) -> None:
+    updates = (MemberRecord("a1", "h:1", 2), MemberRecord("c3", "[::1]:7", 9, Status.SUSPECT))
+    message = SwimMessage(kind, "a1", "h:1", 44, "c3" if kind is Kind.PING_REQ else "", updates)
+    raw = wire.swim_to_pb(message, PROTOCOL_VERSION).SerializeToString()
+    assert wire.swim_from_pb(pb.SwimMessage.FromString(raw)) == (PROTOCOL_VERSION, message)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        pb.SwimMessage(sender="a1", sender_address="h:1", kind=7),  # type: ignore[arg-type]
+        pb.SwimMessage(sender="", sender_address="h:1"),
+        pb.SwimMessage(sender="a1", sender_address="h"),
+        pb.SwimMessage(sender="a1", sender_address="h:1", target="x y"),
+        pb.SwimMessage(
+            sender="a1",
+            sender_address="h:1",
+            updates=[pb.Member(node_id="b", address="h:2", status=9)],  # type: ignore[arg-type]
+        ),
+        pb.SwimMessage(
+            sender="a1", sender_address="h:1", updates=[pb.Member(node_id="b", address="h:0")]
+        ),
+    ],
+)
+def test_malformed_membership_messages_are_refused(message: pb.SwimMessage) -> None:
+    with pytest.raises(Rejected) as info:
+        wire.swim_from_pb(message)
+    assert info.value.reason is Reason.MALFORMED
+
+
+def test_model_chunks_round_trip() -> None:
+    chunk = ModelChunk(numel=10, offset=4, data=b"\0" * 24, step=3)
+    raw = wire.model_chunk_to_pb(chunk).SerializeToString()
+    assert wire.model_chunk_from_pb(pb.ModelChunk.FromString(raw)) == chunk

@@ -1,0 +1,131 @@
+"""The SWIM membership protocol, driven on the node's event loop.
+
+:class:`gossip.swim.Swim` decides; this module only keeps its timers and delivers its messages.
+Every message is a call of its own (a ping's ack is a separate call back), sent without waiting
+for it: a lost or refused message is exactly what the protocol is built to tolerate, so a failed
+call is only logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+from gossip.clock import Clock
+from gossip.swim import MemberRecord, Outgoing, Swim, SwimMessage
+from node.aio import cancel_and_wait
+from node.transport.base import Rejected, Transport, Unreachable
+
+__all__ = ["Membership"]
+
+log = logging.getLogger(__name__)
+
+#: Calls in flight beyond which new messages are dropped (a slow network must not pile them up).
+MAX_IN_FLIGHT = 256
+
+
+class Membership:
+    """Args:
+    swim: the protocol's state.
+    on_change: awaited with the records whose status or address changed, from the one task
+        that runs the protocol, so changes are handled one batch at a time and in order.
+    """
+
+    def __init__(
+        self,
+        swim: Swim,
+        transport: Transport,
+        clock: Clock,
+        on_change: Callable[[list[MemberRecord]], Awaitable[None]],
+    ) -> None:
+        self.swim = swim
+        self.transport = transport
+        self.clock = clock
+        self._on_change = on_change
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._sends: set[asyncio.Task[None]] = set()
+        self.dropped = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="membership")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+            self._task = None
+        for task in list(self._sends):
+            await cancel_and_wait(task)
+
+    @property
+    def timeout_s(self) -> float:
+        return self.swim.cfg.ping_timeout_s
+
+    # -- the protocol -------------------------------------------------------------------------
+
+    def receive(self, message: SwimMessage) -> None:
+        """Handle a message that arrived; its answers go out, and the protocol task looks at
+        what changed."""
+        self.send(self.swim.receive(message))
+        self._wake.set()
+
+    def merge(self, records: Iterable[MemberRecord]) -> None:
+        """Records learned outside the protocol (a hello); the protocol task reacts."""
+        self.swim.merge(records)
+        self._wake.set()
+
+    async def settle(self) -> None:
+        """Handle pending changes now (the caller needs the topology that follows from them)."""
+        changes = self.swim.drain_changes()
+        if changes:
+            await self._on_change(changes)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.send(self.swim.tick())
+                await self.settle()
+            except Exception:  # the failure detector must outlive a bug in a reaction to it
+                log.exception("membership: handling a change failed")
+            self._wake.clear()
+            delay = self.swim.next_deadline() - self.clock.now()
+            if delay > 0:
+                try:
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+
+    def send(self, outgoing: Iterable[Outgoing]) -> None:
+        for out in outgoing:
+            if len(self._sends) >= MAX_IN_FLIGHT:
+                self.dropped += 1
+                continue
+            task = asyncio.create_task(self._deliver(out))
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
+
+    async def _deliver(self, out: Outgoing) -> None:
+        try:
+            await self.transport.call_swim(out.address, out.message, self.timeout_s)
+        except (Unreachable, Rejected) as err:
+            log.debug("swim %s to %s: %s", out.message.kind, out.address, err)
+
+    async def check_address(self, address: str) -> str:
+        """Ping ``address`` once, now; returns the id of the node that answers there.
+
+        Raises:
+            Unreachable, Rejected: nobody (or no murmur node) answers within a ping timeout.
+        """
+        out = self.swim.ping(address)
+        return await self.transport.call_swim(out.address, out.message, self.timeout_s)
+
+    async def leave(self, first: Iterable[str], fanout: int) -> None:
+        """Tell ``first`` (the neighbours) and others, ``fanout`` in all, that this node leaves,
+        and wait (a ping timeout at most) for the calls to land."""
+        outgoing = self.swim.leave(fanout, first)
+        sends = [self.transport.call_swim(o.address, o.message, self.timeout_s) for o in outgoing]
+        results = await asyncio.gather(*sends, return_exceptions=True)
+        told = sum(not isinstance(r, BaseException) for r in results)
+        log.info("announced our departure to %d of %d members", told, len(outgoing))

@@ -1,0 +1,54 @@
+"""A whole model received in chunks, into one buffer, with progress."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import torch
+
+from gossip.codecs import tensor_from_bytes
+from gossip.messages import ModelChunk
+from node.transport.base import Reason, Rejected
+
+__all__ = ["receive_model"]
+
+log = logging.getLogger(__name__)
+
+
+async def receive_model(
+    chunks: AsyncIterator[ModelChunk], numel: int, source: str = ""
+) -> tuple[torch.Tensor, int]:
+    """Assemble ``numel`` float32 values from ``chunks``; returns them and the sender's step.
+
+    Memory stays at one model-sized buffer plus the chunk in hand: each chunk is copied into
+    the buffer and dropped. Progress is logged every tenth of the way.
+
+    Raises:
+        Rejected: a chunk does not fit (wrong size or place), the model ends early, or it
+            holds non-finite values; the caller's own model is untouched, since nothing but
+            the buffer was written.
+        Unreachable: the transfer broke off.
+    """
+    buffer = torch.empty(numel, dtype=torch.float32)
+    filled, step, next_report = 0, 0, 0.1
+    async for chunk in chunks:
+        n, rest = divmod(len(chunk.data), 4)
+        if chunk.numel != numel or chunk.offset != filled or rest or filled + n > numel:
+            raise Rejected(
+                Reason.MALFORMED,
+                f"a model chunk of {len(chunk.data)} bytes at {chunk.offset} of {chunk.numel} "
+                f"does not follow the {filled} values received of our {numel}",
+            )
+        part = tensor_from_bytes(chunk.data, torch.float32)
+        # Checked chunk by chunk: a check of the whole buffer would allocate a model's worth.
+        if not bool(torch.isfinite(part).all()):
+            raise Rejected(Reason.NON_FINITE, f"the model holds non-finite values at {filled}")
+        buffer[filled : filled + n] = part
+        filled, step = filled + n, chunk.step
+        if filled >= next_report * numel:
+            log.info("receiving the model from %s: %3.0f%%", source, 100 * filled / numel)
+            next_report += 0.1
+    if filled != numel:
+        raise Rejected(Reason.MALFORMED, f"the model ended after {filled} of {numel} values")
+    return buffer, step

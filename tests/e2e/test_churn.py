@@ -1,0 +1,166 @@
+"""Churn with real node processes: kill -9, fresh joiners, a restart from a state dir.
+
+Six nodes train; two are killed with SIGKILL mid-training; two fresh nodes join through a
+survivor; one killed node restarts on its state dir with no join address (it finds the swarm
+through the members its checkpoint remembers). At the end every live node knows exactly the
+live members, reaches the acceptance run's accuracy, and the swarm's consensus distance is
+back under what it was before the churn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from gossip.simulate import consensus_distance
+from gossip.swim import Status
+from node.config import GossipConfig
+from node.evaluation import evaluate_run
+from node.status import NodeStatus
+from node.swarm import NodeProcess, SwarmConfig, node_argv
+from node.transport.base import Rejected, Unreachable
+from node.transport.grpc import GrpcTransport
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 1500
+SHARDS = 8  # six first nodes and two joiners, each with a shard of its own
+CFG = SwarmConfig(
+    nodes=SHARDS, steps=STEPS, alpha=0.5, eval_every=250, gossip=GossipConfig(codec="int8")
+)
+#: Faster membership and checkpoints than the defaults, so the test spends its time training.
+EXTRA = ["--swim-period", "0.5", "--checkpoint-interval", "2"]
+TIMEOUT_S = 600.0
+
+
+async def status(transport: GrpcTransport, p: NodeProcess) -> NodeStatus | None:
+    try:
+        return await transport.call_status(p.address, 5.0)
+    except (Unreachable, Rejected):
+        return None
+
+
+async def wait_for(
+    transport: GrpcTransport, procs: list[NodeProcess], ok: object, what: str
+) -> list[NodeStatus]:
+    """Poll the nodes' status until ``ok(statuses)`` holds (a test of processes has no event to
+    wait on; the poll is the event source, and the deadline makes a hang fail loudly)."""
+    async with asyncio.timeout(TIMEOUT_S):
+        while True:
+            for p in procs:
+                assert not p.exited, f"node {p.index} exited:\n{p.log_tail()}"
+            got = await asyncio.gather(*(status(transport, p) for p in procs))
+            statuses = [s for s in got if s is not None]
+            if len(statuses) == len(procs) and ok(statuses):  # type: ignore[operator]
+                return statuses
+            await asyncio.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def pull_models(
+    transport: GrpcTransport, procs: list[NodeProcess]
+) -> dict[str, torch.Tensor]:
+    """Every node's current parameters, fetched at (nearly) the same moment."""
+
+    async def one(p: NodeProcess) -> torch.Tensor:
+        parts = [
+            torch.frombuffer(bytearray(c.data), dtype=torch.float32)
+            async for c in transport.call_pull_model(p.address, "churn-test", 30.0)
+        ]
+        return torch.cat(parts)
+
+    models = await asyncio.gather(*(one(p) for p in procs))
+    return {p.node_id: m for p, m in zip(procs, models, strict=True)}
+
+
+def distance_to_average(models: dict[str, torch.Tensor], node_id: str) -> float:
+    mean = torch.stack([m.double() for m in models.values()]).mean(dim=0)
+    return float((models[node_id].double() - mean).pow(2).sum())
+
+
+def live_members(s: NodeStatus) -> set[str]:
+    return {m.node_id for m in s.members if m.status in (Status.ALIVE, Status.SUSPECT)}
+
+
+@pytest.mark.timeout(900)
+async def test_the_swarm_survives_kills_joins_and_a_restart(tmp_path: Path) -> None:
+    procs = [NodeProcess(i, tmp_path / f"node-{i}") for i in range(SHARDS)]
+    first, joiners = procs[:6], procs[6:]
+    restarted, killed = first[4], first[5]
+    live = [*first[:4], *joiners, restarted]
+    transport = GrpcTransport()
+    try:
+        # Each of the first six joins through the node before it.
+        for p in first:
+            join = first[p.index - 1].address if p.index else None
+            await p.start(node_argv(CFG, p.index, p.state_dir, join, 6) + EXTRA, 120)
+        await wait_for(transport, first, lambda ss: all(s.step >= 300 for s in ss), "training")
+
+        before = await pull_models(transport, first)
+        distance_before = consensus_distance(before)
+        restarted_before = distance_to_average(before, restarted.node_id)
+        for victim in (restarted, killed):
+            assert victim.proc is not None
+            victim.proc.send_signal(signal.SIGKILL)
+            await victim.proc.wait()
+        survivors = first[:4]
+        survivor_ids = {s.node_id for s in survivors}
+        await wait_for(
+            transport,
+            survivors,
+            lambda ss: all(live_members(s) == survivor_ids for s in ss),
+            "the survivors to declare the killed nodes dead",
+        )
+
+        for p in joiners:
+            await p.start(
+                node_argv(CFG, p.index, p.state_dir, survivors[1].address, 1) + EXTRA, 120
+            )
+        await restarted.stop(0)  # reap the killed process's pipes before reusing the object
+        restarted.proc = None
+        resume = node_argv(CFG, restarted.index, restarted.state_dir, None, 1) + EXTRA
+        await restarted.start(resume, 120)
+
+        live_ids = {p.node_id for p in live}
+        statuses = await wait_for(
+            transport,
+            live,
+            lambda ss: (
+                all(s.training_done for s in ss) and all(live_members(s) == live_ids for s in ss)
+            ),
+            "every live node to finish and to know exactly the live members",
+        )
+        settle_from = {s.node_id: s.rounds for s in statuses}
+        await wait_for(
+            transport,
+            live,
+            lambda ss: all(s.rounds >= settle_from[s.node_id] + 20 for s in ss),
+            "a few rounds after training",
+        )
+        after = await pull_models(transport, live)
+        distance_after = consensus_distance(after)
+        assert distance_after < distance_before, (distance_after, distance_before)
+        assert distance_to_average(after, restarted.node_id) < restarted_before
+
+        final = await wait_for(transport, live, lambda ss: True, "status")
+        for s in final:
+            assert live_members(s) == live_ids
+            assert killed.node_id not in live_members(s)
+
+        resumed_log = (restarted.state_dir / "node.log").read_text()
+        assert "resuming from" in resumed_log
+    finally:
+        codes = await asyncio.gather(*(p.stop(60) for p in live))
+        await killed.stop(0)
+        await transport.close(0)
+    assert codes == [0] * len(live), codes  # SIGTERM: each left politely and wrote its state
+    # The acceptance run's target, for every live node's own final model.
+    report = await asyncio.to_thread(
+        evaluate_run, [p.state_dir for p in live], CFG.task, CFG.seed, "cpu"
+    )
+    for n in report.nodes:
+        assert n.accuracy >= 0.93, n
