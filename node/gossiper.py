@@ -185,7 +185,7 @@ class Gossiper:
         def work() -> None:
             with self.model_lock:
                 self.flat.flat.copy_(values)
-            self.state.restart(self.flat.flat.detach().clone(), session)
+            self.state.restart(self.flat.flat.detach(), session)  # copied into x̂
 
         await self._on_worker(work)
 
