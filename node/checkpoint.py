@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +29,15 @@ OPTIM_KEY = "murmur.optimizer"
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old or the new bytes, nothing else."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Replace ``path`` with ``data`` so that readers see the old or the new bytes, nothing else.
+
+    Each write goes through a temporary file of its own, so writers that overlap (a periodic
+    checkpoint still being written when the final one starts) never trip over each other.
+    """
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        with tmp.open("wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

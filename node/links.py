@@ -15,6 +15,7 @@ queueing rounds would only make every replica staler.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import random
 from collections import deque
@@ -30,6 +31,9 @@ from node.telemetry import Counters, LinkCounters
 from node.transport.base import DeltaStream, Reason, Rejected, Transport, Unreachable
 
 __all__ = ["LinkConfig", "PeerLink"]
+
+#: A link that has not stopped this long after its cancellation is reported (with its stack).
+STOP_WARN_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +94,20 @@ class PeerLink:
         self._task = asyncio.create_task(self._run(), name=f"link-{self.peer.node_id[:8]}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait(self._task)
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            # A link must let go at once; if one does not, say where it is stuck.
+            done, _ = await asyncio.wait({task}, timeout=STOP_WARN_S)
+            if not done:
+                where = io.StringIO()
+                task.print_stack(file=where)
+                log.error(
+                    "link to %s ignores its cancellation:\n%s",
+                    self.peer.node_id[:8],
+                    where.getvalue(),
+                )
+            await cancel_and_wait(task)
         await self._drop_stream()
 
     # -- state --------------------------------------------------------------------------------

@@ -192,6 +192,8 @@ class Node:
         self.training_finished = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = False
+        self._checkpoint_lock = threading.Lock()
+        self._final_written = False
 
     @classmethod
     async def create(
@@ -494,6 +496,14 @@ class Node:
             result.loss,
             result.accuracy,
         )
+        if self.metrics is not None and not self.closing:
+            self._spawn(self._log_eval(result), "log-eval")
+
+    async def _log_eval(self, result: EvalResult) -> None:
+        """One ``eval`` record of the metrics log, with this node's distance to its neighbours
+        (the RMS of x_i - x̂_j averaged over the neighbours it has replicas of; -1 without)."""
+        views = await self.gossiper.neighbour_views()
+        distances = [v.distance_rms for v in views.values() if v.distance_rms >= 0]
         if self.metrics is not None:
             self.metrics.write(
                 "eval",
@@ -504,6 +514,8 @@ class Node:
                 rounds=self.counters.rounds,
                 bytes_sent=self.counters.bytes_sent,
                 bytes_sent_fp32=self.counters.bytes_sent_fp32,
+                distance_rms=sum(distances) / len(distances) if distances else -1.0,
+                members=len(self.peers.view),
             )
 
     def _on_training_done(self) -> None:
@@ -603,9 +615,19 @@ class Node:
     async def write_checkpoint(self) -> None:
         """Write the checkpoint now (atomically: a crash at any moment leaves a readable one)."""
         ckpt = await self.gossiper.run(self._capture)
-        await asyncio.to_thread(save_checkpoint, self.cfg.state_dir / CHECKPOINT_FILE, ckpt)
-        if self.metrics is not None:
+        if await asyncio.to_thread(self._save, ckpt) and self.metrics is not None:
             self.metrics.write("checkpoint", step=int(ckpt.meta["step"]))
+
+    def _save(self, ckpt: Checkpoint, final: bool = False) -> bool:
+        """Write ``ckpt`` unless the final checkpoint is already written; returns whether it
+        wrote. A periodic write that was under way when the node stopped must not land on top
+        of the final one with an older state."""
+        with self._checkpoint_lock:
+            if self._final_written:
+                return False
+            save_checkpoint(self.cfg.state_dir / CHECKPOINT_FILE, ckpt)
+            self._final_written = final
+            return True
 
     async def _checkpoint_periodically(self) -> None:
         while True:
@@ -614,7 +636,7 @@ class Node:
 
     def _write_final_state(self) -> None:
         state_dir = self.cfg.state_dir
-        save_checkpoint(state_dir / CHECKPOINT_FILE, self._capture())
+        self._save(self._capture(), final=True)
         status = self._status()
         atomic_write(state_dir / SUMMARY_FILE, status_to_json(status).encode())
         if self.metrics is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,12 @@ def test_a_model_tensor_may_not_shadow_the_public_copy(tmp_path: Path) -> None:
         save_checkpoint(
             tmp_path / "c", Checkpoint({"murmur.public_copy": torch.zeros(1)}, torch.zeros(1))
         )
+
+
+def test_overlapping_writers_each_land_whole(tmp_path: Path) -> None:
+    path = tmp_path / "data"
+    payloads = [bytes([i]) * (1 << 20) for i in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda data: atomic_write(path, data), payloads * 4))
+    assert path.read_bytes() in payloads
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
