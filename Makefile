@@ -29,11 +29,14 @@ types: $(STAMP)
 
 test: test-fast test-e2e
 
+# The MQTT tests start their own mosquitto; scripts/ensure-mosquitto installs it when missing.
 test-fast: $(STAMP)
+	bash scripts/ensure-mosquitto
 	$(BIN)/pytest -m "not e2e" $(PYTEST_FLAGS)
 
 # Many real node processes; slower, so it is its own stage (CI runs it too).
 test-e2e: $(STAMP)
+	bash scripts/ensure-mosquitto
 	$(BIN)/pytest -m e2e $(PYTEST_FLAGS)
 
 protos: $(STAMP)

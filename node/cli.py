@@ -110,6 +110,19 @@ def _add_run_parser(sub: Any) -> None:
         help="seconds between checkpoints (default 30)",
     )
     p.add_argument(
+        "--metrics-port",
+        dest="metrics_port",
+        type=int,
+        default=s,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        dest="metrics_host",
+        default=s,
+        help="address the metrics server binds (default 0.0.0.0)",
+    )
+    p.add_argument(
         "--swim-period",
         dest="membership.period_s",
         type=float,
@@ -125,7 +138,40 @@ def _add_run_parser(sub: Any) -> None:
     )
     p.add_argument("--eval-every", dest="trainer.eval_every", type=int, default=s)
     _add_gossip_flags(p, suppress=True)
+    _add_mqtt_flags(p)
     p.set_defaults(func=_cmd_run)
+
+
+def _add_mqtt_flags(p: argparse.ArgumentParser) -> None:
+    s = argparse.SUPPRESS
+    p.add_argument("--mqtt", default=s, metavar="URL", help="publish status to mqtt://host:port")
+    p.add_argument(
+        "--mqtt-discovery",
+        dest="mqtt_discovery",
+        action="store_true",
+        default=s,
+        help="announce this node on the broker and join the members announced there",
+    )
+    p.add_argument("--mqtt-prefix", dest="mqtt_prefix", default=s, help="topic prefix (murmur)")
+    p.add_argument(
+        "--mqtt-interval",
+        dest="mqtt_interval_s",
+        type=float,
+        default=s,
+        help="seconds between status messages (2)",
+    )
+    p.add_argument("--swarm", default=s, help="the swarm's name on the broker (default)")
+
+
+def _add_monitor_parser(sub: Any) -> None:
+    p = sub.add_parser("monitor", help="a live table of a swarm's nodes, from an MQTT broker")
+    p.add_argument("--mqtt", required=True, metavar="URL", help="the broker: mqtt://host:port")
+    p.add_argument("--swarm", default="default", help="the swarm's name on the broker")
+    p.add_argument("--prefix", default="murmur", help="topic prefix")
+    p.add_argument("--once", action="store_true", help="print once after --timeout and exit")
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds --once listens (3)")
+    p.add_argument("--json", action="store_true", help="the statuses as JSON")
+    p.set_defaults(func=_cmd_monitor)
 
 
 def _add_status_parser(sub: Any) -> None:
@@ -134,6 +180,15 @@ def _add_status_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--timeout", type=float, default=5.0)
     p.set_defaults(func=_cmd_status)
+
+
+def _add_report_parser(sub: Any) -> None:
+    p = sub.add_parser("report", help="plot a run's metrics logs and summarise it in markdown")
+    p.add_argument("state_dirs", nargs="+", type=Path, metavar="STATE_DIR")
+    p.add_argument(
+        "--out", type=Path, help="where run-report.md and plots/ go (the state dirs' parent)"
+    )
+    p.set_defaults(func=_cmd_report)
 
 
 def _add_swarm_parser(sub: Any) -> None:
@@ -209,9 +264,14 @@ async def _serve(cfg: NodeConfig) -> int:
         await node.stop()
         return 2
     # One machine-readable line on stdout says the node is up (murmur swarm reads it).
-    print(
-        json.dumps({"event": "ready", "node_id": node.node_id, "address": node.address}), flush=True
-    )
+    ready: dict[str, str | int] = {
+        "event": "ready",
+        "node_id": node.node_id,
+        "address": node.address,
+    }
+    if node.metrics_server is not None:
+        ready["metrics_port"] = node.metrics_server.port
+    print(json.dumps(ready), flush=True)
 
     async def announce_trained() -> None:
         await node.training_finished.wait()
@@ -299,6 +359,38 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
     return asyncio.run(run_swarm(cfg))
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from node.report import default_out_dir, write_report
+
+    missing = [str(d) for d in args.state_dirs if not d.is_dir()]
+    if missing:
+        print(f"murmur report: not a directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        path = write_report(args.state_dirs, args.out or default_out_dir(args.state_dirs))
+    except (ValueError, OSError) as err:
+        print(f"murmur report: {err}", file=sys.stderr)
+        return 2
+    print(f"report: {path}")
+    return 0
+
+
+def _cmd_monitor(args: argparse.Namespace) -> int:
+    from node.monitor import MonitorConfig, run_monitor
+    from node.mqtt_messages import MqttConfig
+
+    try:
+        mqtt = MqttConfig(url=args.mqtt, swarm=args.swarm, prefix=args.prefix)
+        cfg = MonitorConfig(mqtt, once=args.once, timeout_s=args.timeout, json=args.json)
+    except ValueError as err:
+        print(f"murmur monitor: {err}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(run_monitor(cfg))
+    except KeyboardInterrupt:
+        return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="murmur", description="Peer-to-peer training by compressed gossip."
@@ -308,6 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_run_parser(sub)
     _add_swarm_parser(sub)
     _add_status_parser(sub)
+    _add_report_parser(sub)
+    _add_monitor_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),

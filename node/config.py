@@ -10,6 +10,7 @@ from typing import Any
 from gossip.codecs import CODECS
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
+from node.mqtt_messages import MqttConfig
 from node.trainer import TrainerConfig
 
 __all__ = ["DEFAULT_GAMMA", "GossipConfig", "NodeConfig", "load_config_file"]
@@ -83,6 +84,12 @@ class NodeConfig:
         wait_members: start training once this many members (self included) are known.
         wait_timeout_s: start training anyway after this long, with a warning.
         checkpoint_interval_s: how often the node writes its checkpoint while it runs.
+        metrics_port: serve Prometheus metrics on this port (0 picks one; None: no metrics).
+        metrics_host: the address the metrics server binds.
+        mqtt: an MQTT broker URL to publish status to (``node/mqtt.py``); None for none.
+        mqtt_discovery: also announce this node's address there and join the members announced.
+        mqtt_prefix, swarm: the topics are ``{mqtt_prefix}/{swarm}/{node_id}/...``.
+        mqtt_interval_s: seconds between two status messages.
         membership: the SWIM protocol's settings (``[membership]`` in a config file).
     """
 
@@ -100,6 +107,13 @@ class NodeConfig:
     wait_members: int = 1
     wait_timeout_s: float = 60.0
     checkpoint_interval_s: float = 30.0
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    mqtt: str | None = None
+    mqtt_discovery: bool = False
+    mqtt_prefix: str = "murmur"
+    mqtt_interval_s: float = 2.0
+    swarm: str = "default"
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     gossip: GossipConfig = field(default_factory=GossipConfig)
     membership: SwimConfig = field(default_factory=SwimConfig)
@@ -111,6 +125,21 @@ class NodeConfig:
             raise ValueError("checkpoint_interval_s must be positive")
         for address in (self.listen, *self.join, *filter(None, [self.advertise])):
             _check_address(address)
+        if self.mqtt_discovery and self.mqtt is None:
+            raise ValueError("MQTT discovery needs a broker: give --mqtt URL")
+        self.mqtt_config()  # raises on a bad URL, prefix or swarm name
+
+    def mqtt_config(self) -> MqttConfig | None:
+        """The MQTT bridge's settings; None without a broker."""
+        if self.mqtt is None:
+            return None
+        return MqttConfig(
+            url=self.mqtt,
+            swarm=self.swarm,
+            prefix=self.mqtt_prefix,
+            interval_s=self.mqtt_interval_s,
+            discovery=self.mqtt_discovery,
+        )
 
 
 def _check_address(address: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,7 +20,14 @@ from node.tasks.base import Shard, Task, evaluate, load_task
 from node.telemetry import read_metrics
 from node.trainer import Trainer, TrainerConfig
 
-__all__ = ["NodeResult", "RunReport", "evaluate_run", "train_reference"]
+__all__ = [
+    "NodeResult",
+    "RunReport",
+    "distances_to_average",
+    "evaluate_run",
+    "parameter_names",
+    "train_reference",
+]
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,29 @@ def _build_task(task_spec: str, seed: int, shard: Shard) -> Task:
     return load_task(task_spec)(shard)
 
 
+def parameter_names(task_spec: str) -> list[str]:
+    """The task's parameter names in the order the nodes gossip them (buffers left out).
+
+    Raises:
+        ValueError: the task cannot be found.
+    """
+    return [name for name, _ in _build_task(task_spec, 0, Shard()).model.named_parameters()]
+
+
+def distances_to_average(
+    states: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str]
+) -> torch.Tensor:
+    """Each node's squared distance ||x_i - x̄||² from the average of the nodes' parameters.
+
+    Only the tensors in ``names`` count: they are what gossip moves; buffers stay local.
+    Returns a float64 tensor of shape (n_nodes,).
+    """
+    flat = torch.stack(
+        [torch.cat([s[name].flatten().double() for name in names]) for s in states]
+    )  # (n_nodes, numel)
+    return ((flat - flat.mean(dim=0)) ** 2).sum(dim=1)
+
+
 def evaluate_run(
     state_dirs: list[Path], task_spec: str, seed: int, device: torch.device | str = "cpu"
 ) -> RunReport:
@@ -119,10 +150,7 @@ def evaluate_run(
             )
         )
     names = [name for name, _ in model.named_parameters()]
-    flat = torch.stack(
-        [torch.cat([s[name].flatten().double() for name in names]) for s in states]
-    )  # (n_nodes, numel)
-    distance = float(((flat - flat.mean(dim=0)) ** 2).sum(dim=1).mean())
+    distance = float(distances_to_average(states, names).mean())
     averaged = {
         key: torch.stack([s[key].double() for s in states]).mean(dim=0).to(states[0][key].dtype)
         for key in states[0]

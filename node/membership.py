@@ -46,6 +46,7 @@ class Membership:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._sends: set[asyncio.Task[None]] = set()
+        self._handling: set[asyncio.Future[None]] = set()
         self.dropped = 0
 
     def start(self) -> None:
@@ -57,6 +58,10 @@ class Membership:
             self._task = None
         for task in list(self._sends):
             await cancel_and_wait(task)
+        handling = list(self._handling)
+        for future in handling:
+            future.cancel()
+        await asyncio.gather(*handling, return_exceptions=True)
 
     @property
     def timeout_s(self) -> float:
@@ -76,10 +81,18 @@ class Membership:
         self._wake.set()
 
     async def settle(self) -> None:
-        """Handle pending changes now (the caller needs the topology that follows from them)."""
+        """Handle pending changes now (the caller needs the topology that follows from them).
+
+        Once drained, changes are handled to the end even if the caller is cancelled (a joiner
+        that got in elsewhere drops its other hellos): otherwise they would be lost, and the
+        topology would miss a member until the next change.
+        """
         changes = self.swim.drain_changes()
         if changes:
-            await self._on_change(changes)
+            task = asyncio.ensure_future(self._on_change(changes))
+            self._handling.add(task)
+            task.add_done_callback(self._handling.discard)
+            await asyncio.shield(task)
 
     async def _run(self) -> None:
         while True:

@@ -8,10 +8,11 @@ Usage::
 
 Start-up: resume from the state dir's checkpoint if there is one; serve; introduce ourselves
 through the join addresses (or, on a resume without them, through the members the checkpoint
-remembers), which checks the task fingerprint and brings the member list; a fresh joiner then
-pulls the current model from a neighbour so that it starts near consensus; links to the
-neighbours open, and training starts once enough members are known. From then on SWIM keeps the
-member view current, and the neighbours follow it.
+remembers; or, with MQTT discovery, through the members announced on the broker), which checks
+the task fingerprint and brings the member list; a fresh joiner then pulls the current model
+from a neighbour so that it starts near consensus; links to the neighbours open, and training
+starts once enough members are known. From then on SWIM keeps the member view current, and the
+neighbours follow it.
 
 Gossip rounds follow the trainer's steps (at least ``local_steps`` apart, and only when the
 links have carried the previous round) and, once the step budget is spent, a slow timer, so
@@ -52,6 +53,8 @@ from node.device import resolve_device
 from node.flat import FlatParams
 from node.gossiper import Gossiper, NeighbourView
 from node.identity import Identity, load_or_create_identity
+from node.metrics import MetricsServer
+from node.mqtt import MqttBridge
 from node.peers import JoinError, Peers
 from node.service import NodeService
 from node.status import NeighbourStatus, NodeStatus, status_to_json
@@ -59,7 +62,7 @@ from node.tasks.base import Shard, Task, load_task
 from node.telemetry import Counters, MetricsLog
 from node.trainer import EvalResult, Trainer
 from node.transfer import receive_model
-from node.transport.base import Rejected, Transport, Unreachable
+from node.transport.base import Reason, Rejected, Transport, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
 __all__ = ["JoinError", "MonotonicClock", "Node"]
@@ -180,6 +183,8 @@ class Node:
         self.closing = False
         self.failure: BaseException | None = None
         self.metrics: MetricsLog | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.mqtt: MqttBridge | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # Round pacing, shared by the trainer thread and the event loop.
         self._round_lock = threading.Lock()
@@ -248,6 +253,10 @@ class Node:
         self.address = self.cfg.advertise or _advertised(bound)
         self.peers.set_address(self.address)
         self.peers.membership.start()
+        if self.cfg.metrics_port is not None:
+            self.metrics_server = MetricsServer.start(
+                self.status, self.cfg.metrics_host, self.cfg.metrics_port
+            )
         self.metrics = MetricsLog(self.cfg.state_dir / METRICS_FILE)
         self.metrics.write("start", node_id=self.node_id, address=self.address)
         self.ready = True
@@ -259,11 +268,22 @@ class Node:
             self.cfg.gossip.codec,
             self.flat.numel,
         )
+        mqtt = self.cfg.mqtt_config()
+        if mqtt is not None:
+            # Before joining: with discovery, the broker may be how this node finds the swarm.
+            self.mqtt = MqttBridge(
+                mqtt, self.node_id, self.address, self.status, self._join_announced
+            )
+            self.mqtt.start()
         helper: str | None = None
         if self.cfg.join:
             helper = await self.peers.join(self.cfg.join, self.cfg.wait_timeout_s)
         elif self.resumed is not None:
             helper = await self._rejoin(self.resumed)
+        elif self.mqtt is not None and self.mqtt.cfg.discovery:
+            helper = await self._join_through_broker()
+        if self.mqtt is not None:
+            self.mqtt.follow()
         if helper is not None and self.resumed is None:
             await self._pull_model(helper)
         await self.peers.start_links()
@@ -283,6 +303,33 @@ class Node:
         except JoinError as err:
             log.warning("could not rejoin through remembered members (%s); going on alone", err)
             return None
+
+    async def _join_through_broker(self) -> str | None:
+        """Join through the members announced on the MQTT broker; alone if none is (this is the
+        swarm's first node) or none answers (stale announcements). A refusal is an answer, as
+        with ``--join``: this swarm will not have us."""
+        assert self.mqtt is not None
+        announced = await self.mqtt.announced()
+        if not announced:
+            log.info("no members announced on the MQTT broker; this node starts the swarm")
+            return None
+        try:
+            return await self.peers.join(announced, self.cfg.wait_timeout_s)
+        except JoinError as err:
+            if isinstance(err.__cause__, Rejected) and err.__cause__.reason in _FOR_GOOD:
+                raise
+            log.warning("no member announced on the MQTT broker answered (%s); alone", err)
+            return None
+
+    async def _join_announced(self, node_id: str, address: str) -> None:
+        """A member announced on the MQTT broker: join it unless it is known already, which
+        also merges parts of a swarm that started apart."""
+        if node_id in self.peers.view or self.closing:
+            return
+        try:
+            await self.peers.join([address], self.cfg.gossip.call_timeout_s)
+        except JoinError as err:
+            log.warning("could not join %s, announced on the MQTT broker: %s", node_id[:8], err)
 
     async def _pull_model(self, helper: str) -> None:
         """Start from the swarm's current model: pull it from a neighbour (or, failing that,
@@ -338,7 +385,15 @@ class Node:
             # First, while everything still runs: the neighbours drop us and pick others now,
             # instead of suspecting us for the length of a suspicion timeout.
             await self.peers.leave()
+        if self.mqtt is not None:
+            # Offline on the broker as soon as the swarm knows; the goodbye's last status needs
+            # the gossip worker, which stops below.
+            await self.mqtt.stop()
         self.closing = True
+        if self.metrics_server is not None:
+            # On a thread: shutting the server down waits for a scrape that may be waiting
+            # for this event loop.
+            await asyncio.to_thread(self.metrics_server.stop)
         self.trainer.request_stop()
         await asyncio.to_thread(self.trainer.join)
         for task in list(self._tasks):
@@ -409,14 +464,19 @@ class Node:
         return call
 
     async def _start_training(self) -> None:
-        """Start once ``wait_members`` members are known and every neighbour has taken our
-        public copy (both ends then count the edge), so no node trains its first steps alone;
-        after ``wait_timeout_s``, start anyway."""
+        """Start once ``wait_members`` members are known and every edge is up both ways (each
+        neighbour took our public copy and sent us its own), so no node trains its first steps
+        alone; after ``wait_timeout_s``, start anyway."""
         want = self.cfg.wait_members
 
         def ready() -> bool:
-            links = self.peers.links.values()
-            return len(self.peers.view) >= want and all(link.healthy for link in links)
+            links = self.peers.links
+            # Both directions of every edge: they took our public copy, and we hold theirs.
+            return (
+                len(self.peers.view) >= want
+                and all(link.healthy for link in links.values())
+                and links.keys() <= self.state.replicas.keys()
+            )
 
         try:
             if not ready():
@@ -558,6 +618,7 @@ class Node:
                     snapshots_sent=link.stats.snapshots_sent if link else 0,
                     distance_rms=v.distance_rms,
                     weight=v.weight,
+                    bytes_received=self.counters.received_from.get(peer_id, 0),
                 )
             )
         ev = self.trainer.last_eval
@@ -577,6 +638,7 @@ class Node:
             bytes_sent_fp32=c.bytes_sent_fp32,
             bytes_received=c.bytes_received,
             samples_per_s=self.trainer.samples_per_s,
+            samples=self.trainer.samples,
             neighbours=tuple(neighbours),
             members=tuple(self.peers.swim.records()),
             rejected=dict(c.rejected),
@@ -641,6 +703,10 @@ class Node:
         atomic_write(state_dir / SUMMARY_FILE, status_to_json(status).encode())
         if self.metrics is not None:
             self.metrics.write("stop", **json.loads(status_to_json(status)))
+
+
+#: Refusals of a join that will not change by retrying.
+_FOR_GOOD = frozenset({Reason.PROTOCOL_VERSION, Reason.FINGERPRINT, Reason.BAD_ADDRESS})
 
 
 def _check_resumable(ckpt: Checkpoint, fingerprint: TaskFingerprint, cfg: NodeConfig) -> None:

@@ -104,7 +104,9 @@ class NodeService:
             seq = await self.node.gossiper.receive_delta(delta)
         except (GossipError, CodecError) as err:
             self._refuse(_reason_of(err), str(err))
-        self.node.counters.bytes_received += wire.delta_nbytes(delta)
+        nbytes = wire.delta_nbytes(delta)
+        self.node.counters.bytes_received += nbytes
+        self.node.counters.received_from[delta.sender] += nbytes
         self.node.notify_change()
         return seq
 
@@ -137,7 +139,9 @@ class NodeService:
             seq = await self.node.gossiper.receive_snapshot(header, values)
         except (GossipError, CodecError) as err:
             self._refuse(_reason_of(err), str(err))
-        self.node.counters.bytes_received += wire.snapshot_nbytes(header)
+        nbytes = wire.snapshot_nbytes(header)
+        self.node.counters.bytes_received += nbytes
+        self.node.counters.received_from[header.sender] += nbytes
         self.node.notify_change()
         return seq
 

@@ -22,6 +22,7 @@ class NeighbourStatus:
     snapshots_sent: int
     distance_rms: float  # RMS of x_i - x̂_j; -1 when unknown
     weight: float = 0.0  # w_ij in the mix; 0 when out of it
+    bytes_received: int = 0
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class NodeStatus:
     bytes_sent_fp32: int
     bytes_received: int
     samples_per_s: float
+    samples: int = 0
     neighbours: tuple[NeighbourStatus, ...] = ()
     members: tuple[MemberRecord, ...] = ()  # everyone this node knows of, the dead included
     rejected: dict[str, int] = field(default_factory=dict)

@@ -24,6 +24,7 @@ from typing import IO
 
 from node.config import GossipConfig
 from node.evaluation import RunReport, evaluate_run, train_reference
+from node.report import write_report
 from node.status import NodeStatus
 from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport
@@ -286,6 +287,10 @@ async def _start_all(cfg: SwarmConfig, procs: list[NodeProcess]) -> None:
         join = helper.address if helper else None
         await p.start(node_argv(cfg, p.index, p.state_dir, join), cfg.start_timeout_s)
         up[p.index].set()
+        if cfg.progress:
+            started = sum(e.is_set() for e in up)
+            via = f" (joined through node {helper.index})" if helper else ""
+            print(f"  node {p.index} up at {p.address}{via}: {started} of {cfg.nodes}", flush=True)
 
     tasks = [asyncio.create_task(start(p)) for p in procs]
     try:
@@ -326,6 +331,15 @@ async def run_swarm(cfg: SwarmConfig) -> int:
     (workdir / "report.md").write_text(report.to_markdown() + "\n")
     print(report.to_markdown())
     print(f"\nreport: {workdir / 'report.md'}")
+    # The history over time goes beside report.md (run-report.md and plots/), leaving it alone.
+    try:
+        history = await asyncio.to_thread(write_report, [p.state_dir for p in procs], workdir)
+    except (ValueError, OSError) as err:
+        print(f"murmur swarm: could not write the plots: {err}", file=sys.stderr)
+        return 1
+    with (workdir / "report.md").open("a") as f:
+        f.write(f"\nPlots and each node's history: [{history.name}]({history.name})\n")
+    print(f"plots: {history}")
     return 0
 
 

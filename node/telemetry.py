@@ -30,6 +30,8 @@ class Counters:
     bytes_received: int = 0
     rounds: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
+    #: Bytes received, by sender.
+    received_from: Counter[str] = field(default_factory=Counter)
 
 
 class MetricsLog:

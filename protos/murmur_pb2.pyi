@@ -184,7 +184,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NeighbourStatus(_message.Message):
-    __slots__ = ("node_id", "address", "replica_seq", "silent_s", "in_mix", "bytes_sent", "deltas_sent", "snapshots_sent", "distance_rms", "weight")
+    __slots__ = ("node_id", "address", "replica_seq", "silent_s", "in_mix", "bytes_sent", "deltas_sent", "snapshots_sent", "distance_rms", "weight", "bytes_received")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +195,7 @@ class NeighbourStatus(_message.Message):
     SNAPSHOTS_SENT_FIELD_NUMBER: _ClassVar[int]
     DISTANCE_RMS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     replica_seq: int
@@ -205,10 +206,11 @@ class NeighbourStatus(_message.Message):
     snapshots_sent: int
     distance_rms: float
     weight: float
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ..., weight: _Optional[float] = ...) -> None: ...
+    bytes_received: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ..., weight: _Optional[float] = ..., bytes_received: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "loss", "accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected")
+    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "loss", "accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +235,7 @@ class NodeStatus(_message.Message):
     NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     device: str
@@ -250,4 +253,5 @@ class NodeStatus(_message.Message):
     neighbours: _containers.RepeatedCompositeFieldContainer[NeighbourStatus]
     members: _containers.RepeatedCompositeFieldContainer[Member]
     rejected: _containers.ScalarMap[str, int]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    samples: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ...) -> None: ...

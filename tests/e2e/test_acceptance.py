@@ -58,3 +58,7 @@ def test_eight_nodes_on_non_iid_shards_match_one_process_on_all_the_data(tmp_pat
     assert report["averaged_accuracy"] >= report["reference_accuracy"] - 0.015
     assert report["reference_steps"] == NODES * STEPS
     assert "averaged model" in run.stdout
+    # The history over time, beside report.md.
+    assert "| node | dir | shard |" in (tmp_path / "run-report.md").read_text()
+    plots = {p.name for p in (tmp_path / "plots").iterdir()}
+    assert plots == {"loss.png", "accuracy.png", "distance.png"}

@@ -48,7 +48,8 @@ STATUS = NodeStatus(
     bytes_sent_fp32=400,
     bytes_received=50,
     samples_per_s=12.5,
-    neighbours=(NeighbourStatus("c" * 32, "there:2", 4, 0.25, True, 10, 2, 1, 0.01, 0.25),),
+    samples=640,
+    neighbours=(NeighbourStatus("c" * 32, "there:2", 4, 0.25, True, 10, 2, 1, 0.01, 0.25, 77),),
     members=(
         MemberRecord("b" * 32, "here:1", 7),
         MemberRecord("c" * 32, "there:2", 9, Status.SUSPECT),

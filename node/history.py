@@ -1,0 +1,144 @@
+"""A node's history as its metrics log tells it: one session per start, evaluations over time.
+
+A node that restarts on the same state dir appends to the same log, so the log is cut into
+sessions at each ``start`` record. Counters (rounds, bytes) start from zero in every session;
+steps do not, since a restarted node resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from node.node import METRICS_FILE
+from node.telemetry import read_metrics
+
+__all__ = ["EvalPoint", "NodeHistory", "Session", "parse_history", "read_history"]
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    time: float  # unix seconds
+    step: int
+    loss: float
+    accuracy: float
+    #: RMS of x_i - x̂_j averaged over the node's neighbours' replicas; -1 when it had none.
+    distance_rms: float
+
+
+@dataclass(frozen=True)
+class Session:
+    """One life of a node: from a ``start`` record to the next one or the end of the log."""
+
+    started: float  # unix seconds
+    ended: float  # unix seconds of its last record
+    evals: tuple[EvalPoint, ...]
+    #: The last step logged (evaluation, checkpoint or stop); -1 when none was.
+    step: int
+    rounds: int
+    bytes_sent: int
+    bytes_sent_fp32: int
+    pulled_model: bool
+    #: It ended with a ``stop`` record; otherwise the process died, or is still running.
+    stopped: bool
+
+
+@dataclass(frozen=True)
+class NodeHistory:
+    state_dir: Path
+    node_id: str
+    sessions: tuple[Session, ...]
+
+    @property
+    def evals(self) -> list[EvalPoint]:
+        return [e for s in self.sessions for e in s.evals]
+
+    @property
+    def restarts(self) -> int:
+        return len(self.sessions) - 1
+
+    @property
+    def step(self) -> int:
+        return max((s.step for s in self.sessions), default=-1)
+
+    @property
+    def rounds(self) -> int:
+        return sum(s.rounds for s in self.sessions)
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(s.bytes_sent for s in self.sessions)
+
+    @property
+    def bytes_sent_fp32(self) -> int:
+        return sum(s.bytes_sent_fp32 for s in self.sessions)
+
+    @property
+    def pulled_model(self) -> bool:
+        return any(s.pulled_model for s in self.sessions)
+
+    @property
+    def first_time(self) -> float:
+        return self.sessions[0].started
+
+    @property
+    def last_time(self) -> float:
+        return self.sessions[-1].ended
+
+
+def _session(records: Sequence[Mapping[str, Any]]) -> Session:
+    evals = tuple(
+        EvalPoint(
+            time=float(r["time"]),
+            step=int(r["step"]),
+            loss=float(r["loss"]),
+            accuracy=float(r["accuracy"]),
+            distance_rms=float(r.get("distance_rms", -1.0)),
+        )
+        for r in records
+        if r["event"] == "eval"
+    )
+    with_step = [r for r in records if r["event"] in ("eval", "checkpoint", "stop")]
+    # The stop record holds the session's final counters; without one (a crash), the last
+    # evaluation holds the latest the log knows.
+    counted = [r for r in records if r["event"] in ("eval", "stop")]
+    last = counted[-1] if counted else {}
+    return Session(
+        started=float(records[0]["time"]),
+        ended=float(records[-1]["time"]),
+        evals=evals,
+        step=int(with_step[-1]["step"]) if with_step else -1,
+        rounds=int(last.get("rounds", 0)),
+        bytes_sent=int(last.get("bytes_sent", 0)),
+        bytes_sent_fp32=int(last.get("bytes_sent_fp32", 0)),
+        pulled_model=any(r["event"] == "pulled_model" for r in records),
+        stopped=records[-1]["event"] == "stop",
+    )
+
+
+def parse_history(state_dir: Path, records: list[dict[str, Any]]) -> NodeHistory:
+    """Cut a metrics log's records into sessions.
+
+    Raises:
+        ValueError: there are no records.
+    """
+    if not records:
+        raise ValueError(f"{state_dir}: the metrics log is empty")
+    cuts = [i for i, r in enumerate(records) if r["event"] == "start" and i > 0]
+    bounds = [0, *cuts, len(records)]
+    sessions = tuple(_session(records[a:b]) for a, b in pairwise(bounds))
+    ids = [r["node_id"] for r in records if r["event"] in ("start", "stop") and "node_id" in r]
+    return NodeHistory(state_dir, ids[0] if ids else state_dir.name, sessions)
+
+
+def read_history(state_dir: Path) -> NodeHistory:
+    """Read the metrics log in ``state_dir``.
+
+    Raises:
+        FileNotFoundError: there is no metrics log.
+        ValueError: it holds no records.
+    """
+    return parse_history(state_dir, read_metrics(state_dir / METRICS_FILE))

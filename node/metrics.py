@@ -1,0 +1,194 @@
+"""Prometheus metrics: the node's status, as text a Prometheus server scrapes from ``/metrics``.
+
+A scrape asks the node's event loop for one :class:`NodeStatus` and turns it into metric
+families, so every figure in one scrape comes from the same moment and nothing is kept twice.
+Names follow Prometheus conventions: base units in the name (``_bytes``, ``_seconds``,
+``_ratio``), ``_total`` on counters. Per-neighbour figures carry a ``neighbour`` label (the
+neighbour's node id); counters of a neighbour that stopped being one disappear with it, and the
+node-wide ``_total`` counters keep counting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from threading import Thread
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gossip.swim import Status
+from node.status import NodeStatus
+
+__all__ = ["MetricsServer", "status_metrics"]
+
+#: How long a scrape waits for the node's status before it reports nothing.
+SCRAPE_TIMEOUT_S = 5.0
+
+
+def _gauge(name: str, doc: str, value: float, labels: dict[str, str] | None = None) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=list(labels or {}))
+    family.add_metric(list((labels or {}).values()), value)
+    return family
+
+
+def status_metrics(s: NodeStatus) -> list[Metric]:
+    """The metric families of one status."""
+    out: list[Metric] = []
+    info = GaugeMetricFamily(
+        "murmur_node_info",
+        "Who this node is (always 1).",
+        labels=["node_id", "address", "device", "codec"],
+    )
+    info.add_metric([s.node_id, s.address, s.device, s.codec], 1.0)
+    out.append(info)
+
+    def counter(name: str, doc: str, value: float) -> None:
+        family = CounterMetricFamily(name, doc)  # the client adds the _total suffix
+        family.add_metric([], value)
+        out.append(family)
+
+    counter("murmur_training_steps", "Local training steps taken.", s.step)
+    counter("murmur_training_samples", "Training examples seen.", s.samples)
+    counter("murmur_gossip_rounds", "Gossip rounds made.", s.rounds)
+    counter("murmur_sent_bytes", "Bytes of gossip messages sent.", s.bytes_sent)
+    counter(
+        "murmur_sent_fp32_equivalent_bytes",
+        "Bytes the same messages would have taken with fp32 payloads.",
+        s.bytes_sent_fp32,
+    )
+    counter("murmur_received_bytes", "Bytes of gossip messages received.", s.bytes_received)
+    out.append(_gauge("murmur_training_loss", "Smoothed training loss.", s.loss))
+    out.append(
+        _gauge(
+            "murmur_eval_accuracy_ratio",
+            "Accuracy on the evaluation data at the last evaluation (NaN before the first).",
+            s.accuracy if s.accuracy >= 0 else math.nan,
+        )
+    )
+    out.append(_gauge("murmur_training_done", "1 once the step budget is spent.", s.training_done))
+    out.append(
+        _gauge("murmur_training_samples_per_second", "Training throughput.", s.samples_per_s)
+    )
+
+    rejected = CounterMetricFamily(
+        "murmur_rejected_messages", "Inbound messages refused, by reason.", labels=["reason"]
+    )
+    for reason, count in sorted(s.rejected.items()):
+        rejected.add_metric([reason], count)
+    out.append(rejected)
+
+    members = GaugeMetricFamily(
+        "murmur_members", "Members this node knows, by status (itself included).", labels=["status"]
+    )
+    for status in Status:
+        members.add_metric([str(status)], sum(m.status is status for m in s.members))
+    out.append(members)
+
+    label = ["neighbour"]
+    sent = CounterMetricFamily(
+        "murmur_neighbour_sent_bytes", "Bytes sent to each neighbour.", labels=label
+    )
+    received = CounterMetricFamily(
+        "murmur_neighbour_received_bytes", "Bytes received from each neighbour.", labels=label
+    )
+    staleness = GaugeMetricFamily(
+        "murmur_neighbour_staleness_seconds",
+        "Seconds since each neighbour's replica last changed (NaN: no replica yet).",
+        labels=label,
+    )
+    distance = GaugeMetricFamily(
+        "murmur_neighbour_distance_rms",
+        "RMS of x_i minus each neighbour's public copy (NaN: no replica yet).",
+        labels=label,
+    )
+    in_mix = GaugeMetricFamily(
+        "murmur_neighbour_in_mix", "1 while the neighbour takes part in mixing.", labels=label
+    )
+    weight = GaugeMetricFamily(
+        "murmur_neighbour_weight", "The neighbour's mixing weight w_ij.", labels=label
+    )
+    known = []
+    for n in s.neighbours:
+        sent.add_metric([n.node_id], n.bytes_sent)
+        received.add_metric([n.node_id], n.bytes_received)
+        staleness.add_metric([n.node_id], n.silent_s if n.silent_s >= 0 else math.nan)
+        distance.add_metric([n.node_id], n.distance_rms if n.distance_rms >= 0 else math.nan)
+        in_mix.add_metric([n.node_id], n.in_mix)
+        weight.add_metric([n.node_id], n.weight)
+        if n.distance_rms >= 0:
+            known.append(n.distance_rms)
+    out += [sent, received, staleness, distance, in_mix, weight]
+    out.append(
+        _gauge(
+            "murmur_distance_to_neighbours_rms",
+            "Mean over neighbours of murmur_neighbour_distance_rms: an estimate of how far this "
+            "node is from its neighbourhood (NaN: no replica yet).",
+            sum(known) / len(known) if known else math.nan,
+        )
+    )
+    out.append(_gauge("murmur_neighbours", "Neighbours this node links to.", len(s.neighbours)))
+    return out
+
+
+class _StatusCollector(Collector):
+    """Collects by asking the node's event loop for its status (scrapes run on another thread)."""
+
+    def __init__(
+        self, status: Callable[[], Awaitable[NodeStatus]], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._status = status
+        self._loop = loop
+
+    def collect(self) -> Iterator[Metric]:
+        async def ask() -> NodeStatus:
+            return await self._status()
+
+        future = asyncio.run_coroutine_threadsafe(ask(), self._loop)
+        try:
+            status = future.result(SCRAPE_TIMEOUT_S)
+        except (FutureTimeout, RuntimeError):  # the node is busy, or its loop has stopped
+            future.cancel()
+            yield _gauge("murmur_up", "1 when the scrape could read the node's status.", 0.0)
+            return
+        yield _gauge("murmur_up", "1 when the scrape could read the node's status.", 1.0)
+        yield from status_metrics(status)
+
+
+@dataclass
+class MetricsServer:
+    """Serves ``/metrics`` over HTTP on its own thread.
+
+    Usage: ``server = MetricsServer.start(node.status, host, port)``; ``server.stop()``.
+    """
+
+    server: WSGIServer
+    thread: Thread
+
+    @classmethod
+    def start(
+        cls, status: Callable[[], Awaitable[NodeStatus]], host: str, port: int
+    ) -> MetricsServer:
+        """Call from the node's event loop; ``port`` 0 picks a free one (see :attr:`port`).
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_StatusCollector(status, asyncio.get_running_loop()))
+        server, thread = start_http_server(port, host, registry=registry)
+        return cls(server, thread)
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_port)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=SCRAPE_TIMEOUT_S)

@@ -1,0 +1,267 @@
+"""``murmur report``: plots and a markdown summary of a run, made from its nodes' state dirs.
+
+Everything comes from what the nodes wrote: the metrics logs give the history (loss, accuracy,
+distance to the neighbours, restarts, model pulls); the checkpoints, where there are any, give
+each node's exact distance to the average of the final models.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import SafetensorError
+
+from node.checkpoint import CHECKPOINT_FILE, Checkpoint, load_checkpoint
+from node.evaluation import distances_to_average, parameter_names
+from node.history import EvalPoint, NodeHistory, read_history
+from node.node import METRICS_FILE
+from node.plots import plot_metric
+
+__all__ = [
+    "PLOTS_DIR",
+    "REPORT_FILE",
+    "FinalDistances",
+    "default_out_dir",
+    "final_distances",
+    "write_report",
+]
+
+#: Named so that a report written into a ``murmur swarm`` workdir leaves its report.md alone.
+REPORT_FILE = "run-report.md"
+PLOTS_DIR = "plots"
+
+DISTANCE_NOTE = (
+    "The metrics logs hold no models, so the distance to the swarm's average over time cannot "
+    "be computed from them. This plot shows what each node logged at every evaluation: the RMS "
+    "of x_i - x̂_j averaged over its neighbours' public copies x̂_j. By the triangle inequality "
+    "that is an upper bound on the node's RMS distance to the average of its neighbours' "
+    "copies; it is not its distance to the average of the whole swarm."
+)
+
+
+@dataclass(frozen=True)
+class FinalDistances:
+    """How far each final model is from the average of them all."""
+
+    #: RMS over the parameters of x_i - x̄, per state dir (the units of the distance plot).
+    rms: Mapping[Path, float]
+    #: (1/n) Σ ||x_i - x̄||², the consensus distance that ``murmur swarm``'s report.md gives.
+    mean_squared: float
+
+
+def final_distances(checkpoints: Mapping[Path, Checkpoint]) -> FinalDistances:
+    """Each checkpoint's distance to the average of all of them, over the parameters only.
+
+    The parameters are told from buffers (which are not gossiped) by building the task the
+    checkpoints name, as the nodes did.
+
+    Raises:
+        ValueError: the checkpoints are of different tasks or codecs, or the task cannot be
+            built here.
+    """
+    metas = [c.meta for c in checkpoints.values()]
+    if len({m.get("fingerprint") for m in metas}) != 1:
+        raise ValueError("the checkpoints are of different tasks or codecs")
+    task = metas[0].get("task")
+    if not isinstance(task, str):
+        raise ValueError("the checkpoints do not say which task they are of")
+    try:
+        names = parameter_names(task)
+    # A plug-in's factory may fail in any way (its data may be elsewhere); the report goes on.
+    except Exception as err:
+        raise ValueError(f"cannot build task {task!r} here to find its parameters: {err}") from err
+    models = [c.model for c in checkpoints.values()]
+    if any(name not in m for m in models for name in names):
+        raise ValueError(f"the checkpoints do not hold every parameter of task {task!r}")
+    squared = distances_to_average(models, names)
+    numel = sum(models[0][name].numel() for name in names)
+    rms = {d: math.sqrt(float(sq) / numel) for d, sq in zip(checkpoints, squared, strict=True)}
+    return FinalDistances(rms, float(squared.mean()))
+
+
+def default_out_dir(state_dirs: Sequence[Path]) -> Path:
+    """The state dirs' common parent (for ``run/node-0 run/node-1``, ``run``)."""
+    return Path(os.path.commonpath([d.resolve().parent for d in state_dirs]))
+
+
+def _read(state_dirs: Sequence[Path]) -> tuple[list[NodeHistory], list[str]]:
+    histories, skipped = [], []
+    for state_dir in dict.fromkeys(d.resolve() for d in state_dirs):  # once each, in order
+        if not (state_dir / METRICS_FILE).is_file():
+            skipped.append(f"skipped `{state_dir}`: no {METRICS_FILE}")
+            continue
+        try:
+            histories.append(read_history(state_dir))
+        except (ValueError, KeyError, TypeError) as err:
+            skipped.append(f"skipped `{state_dir}`: unreadable {METRICS_FILE} ({err!r})")
+    return histories, skipped
+
+
+def _checkpoints(histories: Sequence[NodeHistory]) -> tuple[dict[Path, Checkpoint], list[str]]:
+    found, notes = {}, []
+    for h in histories:
+        path = h.state_dir / CHECKPOINT_FILE
+        if not path.is_file():
+            continue
+        try:
+            found[h.state_dir] = load_checkpoint(path)
+        except (OSError, ValueError, KeyError, SafetensorError) as err:
+            notes.append(f"unreadable checkpoint `{path}` ({err}): left out")
+    return found, notes
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None or math.isnan(x) else format(x, spec)
+
+
+def _row(h: NodeHistory, ckpt: Checkpoint | None, distance: float | None, dist: bool) -> str:
+    evals = h.evals
+    last = evals[-1] if evals else None
+    shard = ckpt.meta.get("shard") if ckpt else None
+    ratio = h.bytes_sent / h.bytes_sent_fp32 if h.bytes_sent_fp32 else None
+    cells = [
+        h.node_id[:8],
+        h.state_dir.name,
+        f"{shard[0]}/{shard[1]}" if isinstance(shard, list) and len(shard) == 2 else "-",
+        str(h.step) if h.step >= 0 else "-",
+        _fmt(last.loss if last else None, ".4f"),
+        _fmt(last.accuracy if last else None, ".4f"),
+        _fmt(max(e.accuracy for e in evals) if evals else None, ".4f"),
+        str(h.rounds),
+        f"{h.bytes_sent / 2**20:.2f} MiB",
+        "-" if ratio is None else f"{100 * ratio:.1f}%",
+        str(h.restarts),
+        "yes" if h.pulled_model else "no",
+    ]
+    if dist:
+        cells.append(_fmt(distance, ".3e"))
+    return "| " + " | ".join(cells) + " |"
+
+
+def _markdown(
+    histories: Sequence[NodeHistory],
+    checkpoints: Mapping[Path, Checkpoint],
+    distances: FinalDistances | None,
+    notes: Sequence[str],
+) -> str:
+    t0 = min(h.first_time for h in histories)
+    t_end = max(h.last_time for h in histories)
+    began = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t0))
+    header = [
+        "node",
+        "dir",
+        "shard",
+        "steps",
+        "last eval loss",
+        "last eval accuracy",
+        "best accuracy",
+        "rounds",
+        "sent",
+        "vs fp32",
+        "restarts",
+        "pulled model",
+    ]
+    if distances is not None:
+        header.append("distance to average (RMS)")
+    lines = [
+        "# murmur run report",
+        "",
+        f"{len(histories)} node(s); the logs begin {began} and span {t_end - t0:.0f} s.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---|---|---|" + "---:|" * (len(header) - 3),
+    ]
+    for h in histories:
+        distance = distances.rms.get(h.state_dir) if distances else None
+        lines.append(_row(h, checkpoints.get(h.state_dir), distance, distances is not None))
+    lines += [
+        "",
+        "- last eval loss and accuracy: the last evaluation in the node's metrics log, on the "
+        "task's eval data. Nodes evaluate while they train, so this is the model when its step "
+        "budget ran out, before the gossip rounds after it; best accuracy: its best evaluation. "
+        "Rounds and bytes sent are summed over restarts (a restarted node counts from zero "
+        "again); steps are not, since it resumes.",
+    ]
+    if distances is not None:
+        lines.append(
+            f"- distance to average: RMS over the parameters of x_i - x̄, where x̄ is the "
+            f"average of the {len(distances.rms)} checkpoints in the state dirs (the final ones, "
+            f"for nodes that stopped cleanly); mean squared distance (1/n) Σ ||x_i - x̄||² = "
+            f"{distances.mean_squared:.3e}."
+        )
+    lines += [f"- {note}" for note in notes]
+    lines += [
+        "",
+        "## Loss",
+        "",
+        f"![eval loss per node]({PLOTS_DIR}/loss.png)",
+        "",
+        "## Accuracy",
+        "",
+        f"![eval accuracy per node]({PLOTS_DIR}/accuracy.png)",
+        "",
+        "## Distance to the neighbours",
+        "",
+        DISTANCE_NOTE,
+        "",
+        f"![distance to the neighbours per node]({PLOTS_DIR}/distance.png)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(state_dirs: Sequence[Path], out_dir: Path) -> Path:
+    """Plot the run's history and summarise it: ``out_dir/run-report.md``, with
+    ``plots/loss.png``, ``plots/accuracy.png`` and ``plots/distance.png`` beside it.
+
+    State dirs without a metrics log are skipped, with a line in the report saying so.
+
+    Returns:
+        The markdown file's path.
+
+    Raises:
+        ValueError: none of the state dirs holds a metrics log with records.
+    """
+    histories, notes = _read(state_dirs)
+    if not histories:
+        raise ValueError(
+            f"no state dir holds a metrics log ({METRICS_FILE}) with records: "
+            + "; ".join(notes or ["no state dirs given"])
+        )
+    checkpoints, ckpt_notes = _checkpoints(histories)
+    notes += ckpt_notes
+    distances = None
+    if checkpoints:
+        try:
+            distances = final_distances(checkpoints)
+        except ValueError as err:
+            notes.append(f"no distance to the average of the final models: {err}")
+    else:
+        notes.append("no checkpoints in the state dirs: no distance to the final average")
+    plots = out_dir / PLOTS_DIR
+    plots.mkdir(parents=True, exist_ok=True)
+    t0 = min(h.first_time for h in histories)
+
+    def rms(e: EvalPoint) -> float | None:
+        return e.distance_rms if e.distance_rms >= 0 else None
+
+    plot_metric(histories, t0, lambda e: e.loss, plots / "loss.png", "Eval loss", "loss", True)
+    plot_metric(
+        histories, t0, lambda e: e.accuracy, plots / "accuracy.png", "Eval accuracy", "accuracy"
+    )
+    plot_metric(
+        histories,
+        t0,
+        rms,
+        plots / "distance.png",
+        "Distance to the neighbours (upper bound on the distance to their average)",
+        r"RMS of $x_i - \hat{x}_j$, mean over neighbours",
+        True,
+    )
+    path = out_dir / REPORT_FILE
+    path.write_text(_markdown(histories, checkpoints, distances, notes))
+    return path
