@@ -226,6 +226,10 @@ class Swim:
             [self.me, *(e.record for e in self._members.values())], key=lambda r: r.node_id
         )
 
+    def pending_updates(self) -> list[MemberRecord]:
+        """Updates still waiting to be piggybacked (for tests and figures)."""
+        return [record for record, _ in self._dissemination.values()]
+
     def drain_changes(self) -> list[MemberRecord]:
         """Records whose status or address changed since the last call (the node reacts)."""
         changes, self._changes = self._changes, []
@@ -268,12 +272,14 @@ class Swim:
         if self.leaving:
             return
         if record.status is not Status.ALIVE and record.incarnation >= self.incarnation:
-            # Refute (SWIM §4.2): a newer incarnation of "alive" overrides the suspicion.
+            # Refute (SWIM §4.2): a newer incarnation of "alive" overrides the suspicion. It
+            # needs no place in the update queue: every message starts with our own record.
             self.incarnation = record.incarnation + 1
-            self._gossip(self.me)
 
     def _gossip(self, record: MemberRecord) -> None:
         n = len(self._members) + 1
+        # Re-inserted at the end: among updates sent equally often, the older goes first.
+        self._dissemination.pop(record.node_id, None)
         self._dissemination[record.node_id] = (record, self.cfg.retransmit_limit(n))
 
     def _piggyback(self, to: NodeId = "") -> tuple[MemberRecord, ...]:
@@ -288,8 +294,6 @@ class Swim:
         if entry is not None and entry.record.status is Status.SUSPECT:
             out.append(entry.record)
         for node_id, (record, left) in chosen[: self.cfg.max_piggyback]:
-            if node_id == self.node_id:
-                continue
             out.append(record)
             if left <= 1:
                 del self._dissemination[node_id]

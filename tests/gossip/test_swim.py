@@ -189,3 +189,17 @@ def test_a_suspect_is_probed_first_and_told_of_its_suspicion() -> None:
 def test_config_refuses_a_ping_timeout_as_long_as_the_period() -> None:
     with pytest.raises(ValueError, match="ping_timeout"):
         SwimConfig(period_s=1.0, ping_timeout=1.0)
+
+
+def test_a_refutation_does_not_take_a_place_among_the_updates_for_good() -> None:
+    clock = ManualClock()
+    me = Swim("a", "sim://a", 1, CFG, clock)
+    others = [MemberRecord(f"m{i}", f"sim://m{i}", 1) for i in range(20)]
+    me.merge(others)
+    me.merge([MemberRecord("a", "sim://a", 1, Status.SUSPECT)])  # suspected: refute
+    assert me.me.incarnation == 2
+    for _ in range(100):  # plenty of messages to use up every update's budget
+        assert me.ping("sim://m0").message.updates[0] == me.me
+    # Every update ran out, this member's own record included: it rides first on every message
+    # and must not also sit in the queue, crowding out news of others.
+    assert me.pending_updates() == []
