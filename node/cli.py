@@ -110,6 +110,19 @@ def _add_run_parser(sub: Any) -> None:
         help="seconds between checkpoints (default 30)",
     )
     p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=s,
+        help="plain TCP, no TLS: no encryption, no authentication (trusted networks only)",
+    )
+    p.add_argument(
+        "--tls-dir",
+        dest="tls_dir",
+        type=Path,
+        default=s,
+        help="node_key.pem, node_cert.pem and ca_cert.pem (default: the state dir)",
+    )
+    p.add_argument(
         "--metrics-port",
         dest="metrics_port",
         type=int,
@@ -179,6 +192,12 @@ def _add_status_parser(sub: Any) -> None:
     p.add_argument("address", help="host:port of a node")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument(
+        "--tls-dir",
+        type=Path,
+        help="a certificate from the swarm's CA to ask with (murmur ca issue makes one)",
+    )
+    p.add_argument("--insecure", action="store_true", help="ask over plain TCP")
     p.set_defaults(func=_cmd_status)
 
 
@@ -213,6 +232,9 @@ def _add_swarm_parser(sub: Any) -> None:
         "--no-baseline", action="store_true", help="skip training the single-process reference"
     )
     p.add_argument("--quiet", action="store_true", help="no live progress")
+    p.add_argument(
+        "--insecure", action="store_true", help="plain TCP between the nodes instead of mTLS"
+    )
     _add_gossip_flags(p, suppress=False)
     p.set_defaults(func=_cmd_swarm)
 
@@ -233,8 +255,9 @@ def build_node_config(args: argparse.Namespace) -> NodeConfig:
             top[key] = value
     if "join" in top:
         top["join"] = tuple(top["join"])
-    if "state_dir" in top:
-        top["state_dir"] = Path(top["state_dir"])
+    for key in ("state_dir", "tls_dir"):
+        if key in top:
+            top[key] = Path(top[key])
     known = {f.name for f in fields(NodeConfig)}
     unknown = set(top) - known
     if unknown:
@@ -250,7 +273,7 @@ def build_node_config(args: argparse.Namespace) -> NodeConfig:
 async def _serve(cfg: NodeConfig) -> int:
     try:
         node = await Node.create(cfg)
-    except ValueError as err:  # the device or the task cannot be had
+    except (ValueError, OSError) as err:  # no device, task or certificate to be had
         print(f"murmur run: {err}", file=sys.stderr)
         return 2
     loop = asyncio.get_running_loop()
@@ -310,10 +333,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from node.transport.grpc import GrpcTransport
+    from node.pki import load_tls
+    from node.transport.grpc import GrpcTransport, GrpcTransportConfig
+
+    if args.insecure == (args.tls_dir is not None):
+        print(
+            "murmur status: give --tls-dir DIR (a certificate of the swarm) or --insecure",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        tls = None if args.insecure else load_tls(args.tls_dir)
+    except (ValueError, OSError) as err:
+        print(f"murmur status: {err}", file=sys.stderr)
+        return 2
 
     async def ask() -> int:
-        transport = GrpcTransport()
+        transport = GrpcTransport(GrpcTransportConfig(tls=tls))
         try:
             status = await transport.call_status(args.address, args.timeout)
         except (Unreachable, Rejected) as err:
@@ -350,6 +386,7 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
             settle_rounds=args.settle_rounds,
             workdir=args.workdir,
             baseline=not args.no_baseline,
+            insecure=args.insecure,
             progress=not args.quiet,
             gossip=gossip,
         )
@@ -391,6 +428,56 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
         return 0
 
 
+def _add_ca_parser(sub: Any) -> None:
+    p = sub.add_parser("ca", help="make a swarm CA and issue node certificates for mutual TLS")
+    ca = p.add_subparsers(dest="ca_command", required=True)
+    init = ca.add_parser("init", help="make a CA: DIR/ca_key.pem (mode 0600) and DIR/ca_cert.pem")
+    init.add_argument("dir", type=Path, metavar="DIR")
+    init.add_argument("--name", default="murmur swarm", help="the CA's common name")
+    init.set_defaults(func=_cmd_ca_init)
+    issue = ca.add_parser(
+        "issue", help="issue a node certificate (keeps the node key, and id, already in OUT)"
+    )
+    issue.add_argument("dir", type=Path, metavar="DIR", help="the CA dir")
+    issue.add_argument("name", metavar="NAME", help="a label for the node")
+    issue.add_argument("--out", type=Path, help="the node's state dir (DIR/NAME)")
+    issue.add_argument("--days", type=int, default=365, help="validity in days (365)")
+    issue.set_defaults(func=_cmd_ca_issue)
+
+
+def _cmd_ca_init(args: argparse.Namespace) -> int:
+    from node.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca
+
+    try:
+        init_ca(args.dir, name=args.name)
+    except (ValueError, OSError) as err:
+        print(f"murmur ca init: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"wrote {args.dir / CA_KEY_FILE} (mode 0600, keep it secret) and {args.dir / CA_CERT_FILE}"
+    )
+    return 0
+
+
+def _cmd_ca_issue(args: argparse.Namespace) -> int:
+    from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, issue_node
+
+    if args.out is None and (args.name in ("", ".", "..") or "/" in args.name):
+        print(f"murmur ca issue: {args.name!r} cannot name a dir; give --out", file=sys.stderr)
+        return 2
+    out: Path = args.out if args.out is not None else args.dir / args.name
+    had_key = (out / KEY_FILE).exists()
+    try:
+        node_id = issue_node(args.dir, out, args.name, days=args.days)
+    except (ValueError, OSError) as err:
+        print(f"murmur ca issue: {err}", file=sys.stderr)
+        return 2
+    key = f"{out / KEY_FILE} ({'kept' if had_key else 'new'}, mode 0600)"
+    print(f"wrote {out / CERT_FILE} and {out / CA_CERT_FILE}; key {key}")
+    print(f"node id {node_id}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="murmur", description="Peer-to-peer training by compressed gossip."
@@ -402,6 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_status_parser(sub)
     _add_report_parser(sub)
     _add_monitor_parser(sub)
+    _add_ca_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),

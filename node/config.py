@@ -84,6 +84,9 @@ class NodeConfig:
         wait_members: start training once this many members (self included) are known.
         wait_timeout_s: start training anyway after this long, with a warning.
         checkpoint_interval_s: how often the node writes its checkpoint while it runs.
+        insecure: plain TCP instead of mutual TLS (trusted networks only).
+        tls_dir: where node_key.pem, node_cert.pem and ca_cert.pem are (``murmur ca issue``
+            makes them); defaults to the state dir.
         metrics_port: serve Prometheus metrics on this port (0 picks one; None: no metrics).
         metrics_host: the address the metrics server binds.
         mqtt: an MQTT broker URL to publish status to (``node/mqtt.py``); None for none.
@@ -107,6 +110,8 @@ class NodeConfig:
     wait_members: int = 1
     wait_timeout_s: float = 60.0
     checkpoint_interval_s: float = 30.0
+    insecure: bool = False
+    tls_dir: Path | None = None
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     mqtt: str | None = None

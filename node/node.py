@@ -56,6 +56,7 @@ from node.identity import Identity, load_or_create_identity
 from node.metrics import MetricsServer
 from node.mqtt import MqttBridge
 from node.peers import JoinError, Peers
+from node.pki import load_tls
 from node.service import NodeService
 from node.status import NeighbourStatus, NodeStatus, status_to_json
 from node.tasks.base import Shard, Task, load_task
@@ -207,14 +208,18 @@ class Node:
         transport: Transport | None = None,
         clock: MonotonicClock | None = None,
     ) -> Node:
-        """Load the identity, the device and the task; nothing starts yet.
+        """Load the identity and its certificate, the device and the task; nothing starts yet.
 
         Raises:
-            ValueError: the device or the task cannot be had.
+            ValueError: the device, the task or a valid certificate cannot be had.
+            FileNotFoundError: the TLS files are missing (and ``cfg.insecure`` is not set).
         """
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        identity = await asyncio.to_thread(load_or_create_identity, cfg.state_dir)
+        # The key that names the node is the one its certificate was issued for.
+        key_dir = cfg.tls_dir or cfg.state_dir
+        tls = None if cfg.insecure else await asyncio.to_thread(load_tls, key_dir)
+        identity = await asyncio.to_thread(load_or_create_identity, key_dir)
         device = resolve_device(cfg.device)
         factory = load_task(cfg.task)
         # Seed right before the factory so that every node builds the same initial model.
@@ -222,7 +227,7 @@ class Node:
         task = factory(Shard(cfg.shard_index, cfg.shard_count, cfg.alpha, cfg.seed))
         if transport is None:
             numel = sum(p.numel() for p in task.model.parameters())
-            transport = GrpcTransport(GrpcTransportConfig(_max_message_bytes(numel)))
+            transport = GrpcTransport(GrpcTransportConfig(_max_message_bytes(numel), tls))
         path = cfg.state_dir / CHECKPOINT_FILE
         resume = await asyncio.to_thread(load_checkpoint, path) if path.exists() else None
         return cls(cfg, identity, task, device, transport, clock or MonotonicClock(), resume)

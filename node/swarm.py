@@ -24,12 +24,13 @@ from typing import IO
 
 from node.config import GossipConfig
 from node.evaluation import RunReport, evaluate_run, train_reference
+from node.pki import CA_CERT_FILE, TlsFiles, init_ca, issue_node, load_tls
 from node.report import write_report
 from node.status import NodeStatus
 from node.transport.base import Rejected, Unreachable
-from node.transport.grpc import GrpcTransport
+from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
-__all__ = ["NodeProcess", "SwarmConfig", "SwarmError", "node_argv", "run_swarm"]
+__all__ = ["NodeProcess", "SwarmConfig", "SwarmError", "node_argv", "provision", "run_swarm"]
 
 
 class SwarmError(RuntimeError):
@@ -54,6 +55,8 @@ class SwarmConfig:
     start_timeout_s: float = 120.0
     stop_timeout_s: float = 60.0
     progress_interval_s: float = 1.0
+    #: Plain TCP between the nodes instead of mutual TLS from a throwaway CA.
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -189,7 +192,23 @@ def node_argv(
         argv += ["--alpha", str(cfg.alpha)]
     if join:
         argv += ["--join", join]
+    if cfg.insecure:
+        argv.append("--insecure")
     return argv
+
+
+def provision(cfg: SwarmConfig, workdir: Path, state_dirs: list[Path]) -> TlsFiles | None:
+    """A throwaway CA for this run (in ``workdir/ca``), a certificate in every state dir, and
+    one for the swarm runner itself, which it returns (None when ``cfg.insecure``)."""
+    if cfg.insecure:
+        return None
+    ca_dir = workdir / "ca"
+    if not (ca_dir / CA_CERT_FILE).exists():
+        init_ca(ca_dir, name=f"murmur swarm {workdir.name}")
+    for i, state_dir in enumerate(state_dirs):
+        issue_node(ca_dir, state_dir, f"node-{i}")
+    issue_node(ca_dir, workdir / "runner", "runner")
+    return load_tls(workdir / "runner")
 
 
 def _progress_table(cfg: SwarmConfig, statuses: list[NodeStatus | None], elapsed: float) -> str:
@@ -306,7 +325,8 @@ async def run_swarm(cfg: SwarmConfig) -> int:
     workdir = cfg.workdir or Path("murmur-runs") / time.strftime("%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
     procs = [NodeProcess(i, workdir / f"node-{i}") for i in range(cfg.nodes)]
-    transport = GrpcTransport()
+    tls = await asyncio.to_thread(provision, cfg, workdir, [p.state_dir for p in procs])
+    transport = GrpcTransport(GrpcTransportConfig(tls=tls))
     print(f"murmur swarm: starting {cfg.nodes} nodes in {workdir}", flush=True)
     codes: list[int] = []
     try:

@@ -50,6 +50,8 @@ class Reason(StrEnum):
     SHUTTING_DOWN = "shutting_down"
     #: A joiner's advertised address does not answer, or someone else answers there.
     BAD_ADDRESS = "bad_address"
+    #: The message speaks for another node than the one its TLS certificate names.
+    IDENTITY = "identity"
 
 
 #: Reasons that mean the message itself is wrong (INVALID_ARGUMENT); the others mean it does not

@@ -20,6 +20,7 @@ import torch
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import SwimMessage
 from node import wire
+from node.pki import TLS_NAME, TlsFiles, node_id_of_cert
 from node.status import NodeStatus
 from node.transport.base import (
     INVALID_ARGUMENT_REASONS,
@@ -60,13 +61,20 @@ class GrpcTransportConfig:
     """
 
     max_message_bytes: int = 64 << 20
+    #: Mutual TLS material; None serves and dials plain TCP (``--insecure``).
+    tls: TlsFiles | None = None
 
     def channel_options(self) -> list[tuple[str, Any]]:
-        return [
+        options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.keepalive_time_ms", 30_000),
         ]
+        if self.tls is not None:
+            # Nodes dial addresses no certificate can list in advance: every node certificate
+            # names TLS_NAME, and who answers is checked by node id, bound to the certificate.
+            options.append(("grpc.ssl_target_name_override", TLS_NAME))
+        return options
 
 
 def _status_code(reason: Reason) -> grpc.StatusCode:
@@ -74,14 +82,32 @@ def _status_code(reason: Reason) -> grpc.StatusCode:
         return grpc.StatusCode.INVALID_ARGUMENT
     if reason in (Reason.SHUTTING_DOWN, Reason.NOT_READY):
         return grpc.StatusCode.UNAVAILABLE
+    if reason is Reason.IDENTITY:
+        return grpc.StatusCode.PERMISSION_DENIED
     return grpc.StatusCode.FAILED_PRECONDITION
 
 
 class _Servicer(murmur_pb2_grpc.MurmurServicer):
     """Decodes, calls the handler, encodes; maps :class:`Rejected` to a status."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, tls: bool) -> None:
         self.handler = handler
+        self.tls = tls
+
+    def _check_sender(self, context: grpc.aio.ServicerContext[Any, Any], claimed: str) -> None:
+        """Under TLS, a message may only speak for the node whose certificate sent it."""
+        if not self.tls:
+            return
+        certs = list(context.auth_context().get("x509_pem_cert") or [])
+        actual = node_id_of_cert(certs[0]) if certs else ""
+        if actual != claimed:
+            certified = actual[:8] or "absent"
+            err = Rejected(
+                Reason.IDENTITY,
+                f"the message speaks for {claimed[:8]}, the certificate is {certified}",
+            )
+            self.handler.note_rejected(err.reason, err.detail)
+            raise err
 
     def _decode(self, decode: Callable[[M], D], raw: M) -> D:
         """Decode a message; a malformed one is counted before it is refused."""
@@ -103,6 +129,7 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
     ) -> wire.pb.Hello:
         try:
             hello = self._decode(wire.hello_from_pb, request)
+            self._check_sender(context, hello.self_.node_id)
             return wire.hello_to_pb(await self.handler.rpc_hello(hello))
         except Rejected as err:
             await self._refuse(context, err)
@@ -113,6 +140,7 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
     ) -> wire.pb.DeltaAck:
         try:
             delta = self._decode(wire.delta_from_pb, request)
+            self._check_sender(context, delta.sender)
             return wire.pb.DeltaAck(replica_seq=await self.handler.rpc_push_delta(delta))
         except Rejected as err:
             await self._refuse(context, err)
@@ -126,6 +154,7 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
         try:
             async for request in request_iterator:
                 delta = self._decode(wire.delta_from_pb, request)
+                self._check_sender(context, delta.sender)
                 yield wire.pb.DeltaAck(replica_seq=await self.handler.rpc_push_delta(delta))
         except Rejected as err:
             await self._refuse(context, err)
@@ -144,6 +173,7 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
                 self.handler.note_rejected(err.reason, err.detail)
                 raise err from None
             header, chunk0 = self._decode(wire.snapshot_chunk_from_pb, first)
+            self._check_sender(context, header.sender)
 
             async def chunks() -> AsyncIterator[SnapshotChunk]:
                 yield chunk0
@@ -171,6 +201,7 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
     ) -> wire.pb.SwimReply:
         try:
             version, message = self._decode(wire.swim_from_pb, request)
+            self._check_sender(context, message.sender)
             return wire.pb.SwimReply(node_id=await self.handler.rpc_swim(version, message))
         except Rejected as err:
             await self._refuse(context, err)
@@ -240,7 +271,7 @@ class GrpcDeltaStream:
 
 
 class GrpcTransport:
-    """gRPC over plain TCP (TLS comes with the security work)."""
+    """gRPC with mutual TLS (``cfg.tls``), or over plain TCP without it."""
 
     def __init__(self, cfg: GrpcTransportConfig | None = None) -> None:
         self.cfg = cfg or GrpcTransportConfig()
@@ -249,26 +280,44 @@ class GrpcTransport:
 
     async def serve(self, handler: Handler, listen: str) -> str:
         server = grpc.aio.server(options=self.cfg.channel_options())
-        murmur_pb2_grpc.add_MurmurServicer_to_server(_Servicer(handler), server)  # type: ignore[no-untyped-call]
+        tls = self.cfg.tls
+        servicer = _Servicer(handler, tls is not None)
+        murmur_pb2_grpc.add_MurmurServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         host = listen.rsplit(":", 1)[0]
         try:
-            port = server.add_insecure_port(listen)
+            if tls is None:
+                port = server.add_insecure_port(listen)
+            else:
+                creds = grpc.ssl_server_credentials(
+                    [(tls.key_pem, tls.cert_pem)],
+                    root_certificates=tls.ca_pem,
+                    require_client_auth=True,
+                )
+                port = server.add_secure_port(listen, creds)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {listen}: {exc}") from exc
         await server.start()
         self._server = server
-        log.warning(
-            "serving on %s:%d over plain TCP: no encryption, no authentication of peers; "
-            "use it on trusted networks only",
-            host,
-            port,
-        )
+        if tls is None:
+            log.warning(
+                "serving on %s:%d over plain TCP (--insecure): no encryption, no authentication "
+                "of peers; use it on trusted networks only",
+                host,
+                port,
+            )
         return f"{host}:{port}"
 
     def _stub(self, address: str) -> murmur_pb2_grpc.MurmurStub:
         entry = self._channels.get(address)
         if entry is None:
-            channel = grpc.aio.insecure_channel(address, options=self.cfg.channel_options())
+            tls = self.cfg.tls
+            if tls is None:
+                channel = grpc.aio.insecure_channel(address, options=self.cfg.channel_options())
+            else:
+                creds = grpc.ssl_channel_credentials(tls.ca_pem, tls.key_pem, tls.cert_pem)
+                channel = grpc.aio.secure_channel(
+                    address, creds, options=self.cfg.channel_options()
+                )
             entry = (channel, murmur_pb2_grpc.MurmurStub(channel))  # type: ignore[no-untyped-call]
             self._channels[address] = entry
         return entry[1]

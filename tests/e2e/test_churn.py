@@ -21,9 +21,9 @@ from gossip.swim import Status
 from node.config import GossipConfig
 from node.evaluation import evaluate_run
 from node.status import NodeStatus
-from node.swarm import NodeProcess, SwarmConfig, node_argv
+from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
 from node.transport.base import Rejected, Unreachable
-from node.transport.grpc import GrpcTransport
+from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
 pytestmark = pytest.mark.e2e
 
@@ -92,7 +92,8 @@ async def test_the_swarm_survives_kills_joins_and_a_restart(tmp_path: Path) -> N
     first, joiners = procs[:6], procs[6:]
     restarted, killed = first[4], first[5]
     live = [*first[:4], *joiners, restarted]
-    transport = GrpcTransport()
+    tls = provision(CFG, tmp_path, [p.state_dir for p in procs])  # mutual TLS, as by default
+    transport = GrpcTransport(GrpcTransportConfig(tls=tls))
     try:
         # Each of the first six joins through the node before it.
         for p in first:

@@ -34,6 +34,7 @@ def config(state_dir: Path, **overrides: Any) -> NodeConfig:
         state_dir=state_dir,
         device="cpu",
         wait_timeout_s=30.0,
+        insecure=True,  # over the in-memory transport; TLS has tests of its own
         trainer=TrainerConfig(steps=200, eval_every=100),
         gossip=GossipConfig(idle_round_interval_s=0.05),
     )

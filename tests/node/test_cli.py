@@ -14,6 +14,7 @@ import pytest
 
 from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from node.node import SUMMARY_FILE
+from node.pki import init_ca, issue_node
 
 TIMEOUT_S = 120.0
 
@@ -74,6 +75,10 @@ async def test_two_nodes_train_report_and_stop_cleanly(
     tmp_path: Path, processes: list[NodeProcess]
 ) -> None:
     common = ["--listen", "127.0.0.1:0", "--device", "cpu", "--threads", "1", "--wait-members", "2"]
+    # Mutual TLS, as a user would set it up: a swarm CA, a certificate per node and one to ask with.
+    init_ca(tmp_path / "ca")
+    for name in ("a", "b", "me"):
+        issue_node(tmp_path / "ca", tmp_path / name, name)
     a = await murmur(
         "run",
         *common,
@@ -113,7 +118,8 @@ async def test_two_nodes_train_report_and_stop_cleanly(
         assert trained["step"] == 150
         assert trained["accuracy"] > 0.8
 
-    code, out, err = await murmur_done("status", ready_b["address"], "--json")
+    me = ["--tls-dir", str(tmp_path / "me")]
+    code, out, err = await murmur_done("status", ready_b["address"], "--json", *me)
     assert code == 0, err
     status = json.loads(out)
     assert status["node_id"] == ready_b["node_id"]
@@ -121,9 +127,12 @@ async def test_two_nodes_train_report_and_stop_cleanly(
     assert status["step"] == 150
     assert [n["node_id"] for n in status["neighbours"]] == [ready_a["node_id"]]
     assert {m["node_id"] for m in status["members"]} == {ready_a["node_id"], ready_b["node_id"]}
-    code, out, _ = await murmur_done("status", ready_b["address"])
+    code, out, _ = await murmur_done("status", ready_b["address"], *me)
     assert code == 0
     assert "neighbours (1)" in out
+    code, _, err = await murmur_done("status", ready_b["address"], "--insecure", "--timeout", "2")
+    assert code == 1  # a TLS node does not talk plain TCP
+    assert "UNAVAILABLE" in err
 
     assert await a.stop(signal.SIGTERM) == 0
     assert await b.stop(signal.SIGINT) == 0
@@ -140,11 +149,12 @@ async def test_two_nodes_train_report_and_stop_cleanly(
     ("args", "message"),
     [
         (["--shard", "3/2"], "need 0 <= i < n"),
-        (["--device", "cuda"], "no CUDA device"),
-        (["--device", "tpu"], "unknown device"),
-        (["--task", "no.such:thing"], "cannot import no.such"),
+        (["--device", "cuda", "--insecure"], "no CUDA device"),
+        (["--device", "tpu", "--insecure"], "unknown device"),
+        (["--task", "no.such:thing", "--insecure"], "cannot import no.such"),
         (["--listen", "nowhere"], "is not host:port"),
-        (["--join", "127.0.0.1:9", "--wait-timeout", "0.5"], "did not answer"),
+        (["--join", "127.0.0.1:9", "--wait-timeout", "0.5", "--insecure"], "did not answer"),
+        ([], "murmur ca issue"),  # no certificate, and no --insecure
     ],
 )
 async def test_bad_invocations_exit_2_and_say_why(
@@ -165,6 +175,6 @@ async def test_a_config_file_with_a_typo_is_refused(tmp_path: Path) -> None:
 
 
 async def test_status_of_nobody_fails_clearly() -> None:
-    code, _, err = await murmur_done("status", "127.0.0.1:9", "--timeout", "1")
+    code, _, err = await murmur_done("status", "127.0.0.1:9", "--timeout", "1", "--insecure")
     assert code == 1
     assert "UNAVAILABLE" in err

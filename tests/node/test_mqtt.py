@@ -399,6 +399,7 @@ async def procs(tmp_path: Path) -> AsyncIterator[Launch]:
                 "1",
                 "--state-dir",
                 str(tmp_path / name),
+                "--insecure",
                 *args,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=err,
