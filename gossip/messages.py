@@ -103,6 +103,7 @@ class Hello:
     self_: MemberRecord
     fingerprint: TaskFingerprint
     members: tuple[MemberRecord, ...] = field(default=())
+    revocations: bytes = b""  # opaque to the core: the node checks and applies it
 
 
 @dataclass(frozen=True)

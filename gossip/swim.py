@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -56,14 +56,28 @@ LIVE = frozenset({Status.ALIVE, Status.SUSPECT})
 
 @dataclass(frozen=True)
 class MemberRecord:
+    """What one member is believed to be.
+
+    ``public_key`` and ``signature`` let anyone check the parts only the member itself may say
+    (:meth:`claim`): its address, its incarnation, and that it left. Suspicion and death are
+    other members' claims, so a record that says them keeps the member's signature of "alive".
+    """
+
     node_id: NodeId
     address: str
     incarnation: int
     status: Status = Status.ALIVE
+    public_key: bytes = b""
+    signature: bytes = b""
 
     @property
     def live(self) -> bool:
         return self.status in LIVE
+
+    def claim(self) -> bytes:
+        """The bytes the member signs."""
+        what = "left" if self.status is Status.LEFT else "alive"
+        return f"murmur-member|{self.node_id}|{self.address}|{self.incarnation}|{what}".encode()
 
 
 def supersedes(new: MemberRecord, old: MemberRecord) -> bool:
@@ -90,6 +104,8 @@ class SwimMessage:
     seq: int
     target: NodeId = ""
     updates: tuple[MemberRecord, ...] = ()
+    #: Carried for the node (a signed revocation list); the protocol ignores it.
+    revocations: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -188,6 +204,11 @@ class Swim:
     cfg: SwimConfig
     clock: Clock
     rng: random.Random = field(default_factory=random.Random)
+    #: Signs this member's own records (with the key whose hash is its id); None: unsigned.
+    sign: Callable[[bytes], bytes] | None = None
+    public_key: bytes = b""
+    #: Checks a record's signature; records that fail are dropped (None: take all).
+    verify: Callable[[MemberRecord], bool] | None = None
 
     def __post_init__(self) -> None:
         self._members: dict[NodeId, _Entry] = {}
@@ -201,13 +222,24 @@ class Swim:
         self.leaving = False
         #: Messages and piggybacked records sent, for traffic figures.
         self.sent_messages = 0
+        #: Records dropped because their signature did not hold.
+        self.forged = 0
+        self._signed: tuple[MemberRecord, MemberRecord] | None = None
 
     # -- the view -----------------------------------------------------------------------------
 
     @property
     def me(self) -> MemberRecord:
         status = Status.LEFT if self.leaving else Status.ALIVE
-        return MemberRecord(self.node_id, self.address, self.incarnation, status)
+        record = MemberRecord(self.node_id, self.address, self.incarnation, status)
+        if self.sign is None:
+            return record
+        if self._signed is None or self._signed[0] != record:  # signing is slow: once per change
+            signed = replace(
+                record, public_key=self.public_key, signature=self.sign(record.claim())
+            )
+            self._signed = (record, signed)
+        return self._signed[1]
 
     def record(self, node_id: NodeId) -> MemberRecord | None:
         if node_id == self.node_id:
@@ -243,6 +275,9 @@ class Swim:
             self._apply(record)
 
     def _apply(self, record: MemberRecord) -> None:
+        if self.verify is not None and not self.verify(record):
+            self.forged += 1
+            return
         if record.node_id == self.node_id:
             self._about_me(record)
             return
@@ -427,6 +462,15 @@ class Swim:
             if e.suspect_since is not None
         ]
         return min(times)
+
+    def expel(self, node_id: NodeId) -> None:
+        """Declare ``node_id`` dead for good here (it was revoked): its record goes, and with
+        a ``verify`` that refuses it, it cannot come back."""
+        entry = self._members.get(node_id)
+        if entry is not None and entry.record.live:
+            record = replace(entry.record, status=Status.DEAD)
+            self._members[node_id] = _Entry(record, self.clock.now())
+            self._changes.append(record)
 
     def ping(self, address: str) -> Outgoing:
         """A ping outside the probe schedule (to check an address someone gave); its ack is

@@ -16,7 +16,7 @@ from typing import Any
 from gossip.codecs import CODECS
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
-from node.config import GossipConfig, NodeConfig, load_config_file
+from node.config import ATTACKS, GossipConfig, NodeConfig, load_config_file
 from node.node import JoinError, Node
 from node.status import format_status, status_to_json
 from node.trainer import TrainerConfig
@@ -69,6 +69,24 @@ def _add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         type=int,
         default=d,
         help="local steps between gossip rounds",
+    )
+    p.add_argument(
+        "--robust",
+        dest="gossip.robust",
+        action="store_true",
+        default=d,
+        help="Byzantine-robust mixing (ClippedGossip) and eviction of anomalous neighbours",
+    )
+    p.add_argument(
+        "--byzantine-fraction",
+        dest="gossip.byzantine_fraction",
+        type=float,
+        default=d,
+        help="with --robust: share of neighbour weight assumed Byzantine (default 0.25)",
+    )
+    # For testing robustness only (under `murmur swarm`, only the last node attacks).
+    p.add_argument(
+        "--attack", dest="gossip.attack", choices=ATTACKS, default=d, help=argparse.SUPPRESS
     )
 
 
@@ -443,6 +461,12 @@ def _add_ca_parser(sub: Any) -> None:
     issue.add_argument("--out", type=Path, help="the node's state dir (DIR/NAME)")
     issue.add_argument("--days", type=int, default=365, help="validity in days (365)")
     issue.set_defaults(func=_cmd_ca_issue)
+    revoke = ca.add_parser(
+        "revoke", help="revoke nodes: a new signed DIR/revoked.json to drop into any node's dir"
+    )
+    revoke.add_argument("dir", type=Path, metavar="DIR", help="the CA dir")
+    revoke.add_argument("node_ids", nargs="+", metavar="NODE_ID")
+    revoke.set_defaults(func=_cmd_ca_revoke)
 
 
 def _cmd_ca_init(args: argparse.Namespace) -> int:
@@ -475,6 +499,22 @@ def _cmd_ca_issue(args: argparse.Namespace) -> int:
     key = f"{out / KEY_FILE} ({'kept' if had_key else 'new'}, mode 0600)"
     print(f"wrote {out / CERT_FILE} and {out / CA_CERT_FILE}; key {key}")
     print(f"node id {node_id}")
+    return 0
+
+
+def _cmd_ca_revoke(args: argparse.Namespace) -> int:
+    from node.revocation import REVOKED_FILE, revoke
+
+    try:
+        revocations = revoke(args.dir, args.node_ids)
+    except (ValueError, OSError) as err:
+        print(f"murmur ca revoke: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"wrote {args.dir / REVOKED_FILE} (version {revocations.version}, "
+        f"{len(revocations.node_ids)} node(s)); copy it into any live node's state dir: "
+        "the swarm passes it on"
+    )
     return 0
 
 

@@ -13,7 +13,10 @@ from gossip.topology import TOPOLOGIES
 from node.mqtt_messages import MqttConfig
 from node.trainer import TrainerConfig
 
-__all__ = ["DEFAULT_GAMMA", "GossipConfig", "NodeConfig", "load_config_file"]
+__all__ = ["ATTACKS", "DEFAULT_GAMMA", "GossipConfig", "NodeConfig", "load_config_file"]
+
+#: Test-only attacks a node can mount on its neighbours (``GossipConfig.attack``).
+ATTACKS = ("scale", "flip", "random")
 
 #: Consensus step size by codec: harsher compression needs a smaller γ (Koloskova et al. 2019).
 DEFAULT_GAMMA = {"fp32": 1.0, "fp16": 1.0, "int8": 0.8, "int4": 0.5, "sign": 0.1}
@@ -33,6 +36,12 @@ class GossipConfig:
     silence_limit_s: a neighbour silent this long leaves the mix until it speaks again.
     call_timeout_s: deadline of each call to a peer.
     seed: seeds random-regular graphs (every node must use the same).
+    robust: Byzantine-robust mixing: ClippedGossip (gossip/robust.py) and eviction of
+        neighbours whose deltas look anomalous.
+    byzantine_fraction: with ``robust``, the share of a node's neighbour weight assumed
+        Byzantine; at least that much of the farthest neighbours' pull is clipped.
+    attack: for testing robustness only: this node publishes harmful but valid deltas
+        (``scale``: 10·x, ``flip``: -x, ``random``: x plus unit Gaussian noise) and does not mix.
     """
 
     topology: str = "exponential"
@@ -46,6 +55,9 @@ class GossipConfig:
     silence_limit_s: float = 30.0
     call_timeout_s: float = 10.0
     seed: int = 0
+    robust: bool = False
+    byzantine_fraction: float = 0.25
+    attack: str | None = None
 
     def __post_init__(self) -> None:
         codec = "fp32" if self.codec == "none" else self.codec
@@ -60,6 +72,10 @@ class GossipConfig:
             raise ValueError("local_steps must be at least 1")
         if self.block_size <= 0 or self.block_size % 8:
             raise ValueError("block_size must be a positive multiple of 8")
+        if not 0 <= self.byzantine_fraction < 1:
+            raise ValueError("byzantine_fraction must be in [0, 1)")
+        if self.attack is not None and self.attack not in ATTACKS:
+            raise ValueError(f"unknown attack {self.attack!r}; known: {', '.join(ATTACKS)}")
 
     @property
     def step_size(self) -> float:

@@ -9,6 +9,7 @@ copy the delta is made from, and the consensus step) take ``model_lock``, briefl
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,9 +21,12 @@ import torch
 from gossip.clock import Clock
 from gossip.messages import Delta, SnapshotHeader
 from gossip.replicas import GossipState
+from gossip.robust import AnomalyScore, clipped_consensus_step
 from node.flat import FlatParams
 
 __all__ = ["Gossiper", "NeighbourView"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -44,6 +48,12 @@ class Gossiper:
     model_lock: held by the trainer during each step.
     gamma: consensus step size.
     silence_limit_s: a neighbour silent longer than this leaves the mix until it speaks.
+    robust: mix by ClippedGossip (gossip/robust.py) and leave out neighbours whose anomaly
+        score is over its threshold. Scoring keeps a copy of each neighbour's replica from the
+        last round (the change since is its delta), so it doubles the replicas' memory.
+    byzantine_fraction: δ of the clipping radius, with ``robust``.
+    attack: testing only: publish a harmful target (see ``GossipConfig.attack``) instead of
+        the model, through valid deltas, and do not mix.
     """
 
     def __init__(
@@ -55,6 +65,9 @@ class Gossiper:
         gamma: float,
         silence_limit_s: float,
         clock: Clock,
+        robust: bool = False,
+        byzantine_fraction: float = 0.25,
+        attack: str | None = None,
     ) -> None:
         self.node_id = node_id
         self.state = state
@@ -64,6 +77,13 @@ class Gossiper:
         self.silence_limit_s = silence_limit_s
         self.clock = clock
         self._neighbours: frozenset[str] = frozenset()
+        self.robust = robust
+        self.byzantine_fraction = byzantine_fraction
+        self.anomaly = AnomalyScore()
+        self._evicted: frozenset[str] = frozenset()
+        self._seen: dict[str, tuple[int, torch.Tensor]] = {}  # peer: (session, replica value)
+        self.attack = attack
+        self._attack_rng = torch.Generator(device=state.device).manual_seed(0)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gossip")
 
     async def _on_worker(self, fn: Callable[[], T]) -> T:
@@ -85,9 +105,12 @@ class Gossiper:
         def work() -> None:
             for peer in self.state.peers - new:
                 self.state.forget(peer)
+                self.anomaly.forget(peer)
+                self._seen.pop(peer, None)
             for peer in new - self.state.peers:
                 self.state.admit(peer)
             self._neighbours = new
+            self._evicted &= new
 
         await self._on_worker(work)
 
@@ -112,6 +135,40 @@ class Gossiper:
                 mix[peer] = 1.0 / (1 + max(mine, replica.degree))
         return mix
 
+    def _score_neighbours(self) -> None:
+        """Feed each neighbour's change since the last round to the anomaly score; log who
+        enters or leaves the evicted set. A replica restarted by a new session is not a delta."""
+        deltas = {}
+        for peer in self._neighbours:
+            replica = self.state.replicas.get(peer)
+            if replica is None:
+                continue
+            seen = self._seen.get(peer)
+            if seen is not None and seen[0] == replica.session:
+                deltas[peer] = replica.value - seen[1]
+            self._seen[peer] = (replica.session, replica.value.clone())
+        self.anomaly.update(deltas)
+        evicted = self.anomaly.evicted() & self._neighbours
+        for peer in sorted(evicted - self._evicted):
+            log.warning(
+                "evicting %s from the mix: anomaly score %.2f", peer, self.anomaly.scores[peer]
+            )
+        for peer in sorted((self._evicted - evicted) & self._neighbours):
+            log.warning(
+                "%s is back in the mix: anomaly score %.2f", peer, self.anomaly.scores[peer]
+            )
+        self._evicted = evicted
+
+    def _attack_target(self, x: torch.Tensor) -> torch.Tensor:
+        """What an attacking node publishes instead of its model (testing only)."""
+        if self.attack == "scale":
+            return x * 10
+        if self.attack == "flip":
+            return -x
+        if self.attack == "random":
+            return x + torch.randn(x.shape, generator=self._attack_rng, device=x.device)
+        raise ValueError(f"unknown attack {self.attack!r}")
+
     # -- rounds -------------------------------------------------------------------------------
 
     def submit_round(self, step: int) -> Future[Delta | None]:
@@ -127,10 +184,24 @@ class Gossiper:
                 return None
             with self.model_lock:
                 x = self.flat.flat.clone()
-            seq, payload = self.state.make_delta(x)  # compression runs outside the lock
-            mix = self._mixing_weights()
-            with self.model_lock:
-                self.state.consensus_step(self.flat.flat, self.gamma, mix)
+            target = x if self.attack is None else self._attack_target(x)
+            seq, payload = self.state.make_delta(target)  # compression runs outside the lock
+            if self.attack is None:
+                if self.robust:
+                    self._score_neighbours()
+                mix = self._mixing_weights()
+                with self.model_lock:
+                    if self.robust:
+                        clipped_consensus_step(
+                            self.state,
+                            self.flat.flat,
+                            self.gamma,
+                            mix,
+                            self.byzantine_fraction,
+                            self._evicted,
+                        )
+                    else:
+                        self.state.consensus_step(self.flat.flat, self.gamma, mix)
             return Delta(self.node_id, self.state.session, seq, step, payload, self.degree)
 
         return self._pool.submit(work)
@@ -191,7 +262,7 @@ class Gossiper:
 
     async def neighbour_views(self) -> dict[str, NeighbourView]:
         def work() -> dict[str, NeighbourView]:
-            mix = self._mixing_weights()
+            mix = {p: w for p, w in self._mixing_weights().items() if p not in self._evicted}
             with self.model_lock:
                 x = self.flat.flat.clone()
             views = {}

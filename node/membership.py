@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 
 from gossip.clock import Clock
 from gossip.swim import MemberRecord, Outgoing, Swim, SwimMessage
@@ -38,11 +39,13 @@ class Membership:
         transport: Transport,
         clock: Clock,
         on_change: Callable[[list[MemberRecord]], Awaitable[None]],
+        attach: Callable[[], bytes] = lambda: b"",
     ) -> None:
         self.swim = swim
         self.transport = transport
         self.clock = clock
         self._on_change = on_change
+        self._attach = attach
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._sends: set[asyncio.Task[None]] = set()
@@ -74,6 +77,14 @@ class Membership:
         what changed."""
         self.send(self.swim.receive(message))
         self._wake.set()
+
+    def poke(self) -> None:
+        """Something changed outside the protocol: let its task look now."""
+        self._wake.set()
+
+    def _outgoing(self, out: Outgoing) -> SwimMessage:
+        extra = self._attach()
+        return replace(out.message, revocations=extra) if extra else out.message
 
     def merge(self, records: Iterable[MemberRecord]) -> None:
         """Records learned outside the protocol (a hello); the protocol task reacts."""
@@ -121,7 +132,7 @@ class Membership:
 
     async def _deliver(self, out: Outgoing) -> None:
         try:
-            await self.transport.call_swim(out.address, out.message, self.timeout_s)
+            await self.transport.call_swim(out.address, self._outgoing(out), self.timeout_s)
         except (Unreachable, Rejected) as err:
             log.debug("swim %s to %s: %s", out.message.kind, out.address, err)
 

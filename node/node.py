@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVarTuple
 
@@ -52,12 +53,14 @@ from node.config import NodeConfig
 from node.device import resolve_device
 from node.flat import FlatParams
 from node.gossiper import Gossiper, NeighbourView
-from node.identity import Identity, load_or_create_identity
+from node.identity import Identity, load_or_create_identity, write_atomic
 from node.metrics import MetricsServer
 from node.mqtt import MqttBridge
 from node.peers import JoinError, Peers
 from node.pki import load_tls
+from node.revocation import REVOKED_FILE, Revocations
 from node.service import NodeService
+from node.signing import MemberVerifier, public_key_der, record_signer
 from node.status import NeighbourStatus, NodeStatus, status_to_json
 from node.tasks.base import Shard, Task, load_task
 from node.telemetry import Counters, MetricsLog
@@ -73,6 +76,8 @@ log = logging.getLogger(__name__)
 Ts = TypeVarTuple("Ts")
 
 SUMMARY_FILE = "summary.json"
+#: How often a node looks for a new revocation list in its TLS dir.
+REVOCATIONS_POLL_S = 2.0
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -109,6 +114,7 @@ class Node:
         transport: Transport,
         clock: MonotonicClock,
         resume: Checkpoint | None = None,
+        ca_pem: bytes | None = None,
     ) -> None:
         self.cfg = cfg
         self.identity = identity
@@ -148,6 +154,9 @@ class Node:
             g.step_size,
             g.silence_limit_s,
             clock,
+            robust=g.robust,
+            byzantine_fraction=g.byzantine_fraction,
+            attack=g.attack,
         )
         trainer_cfg = dataclasses.replace(cfg.trainer, seed=cfg.seed * 1_000_003 + cfg.shard_index)
         self.trainer = Trainer(
@@ -178,6 +187,9 @@ class Node:
             spawn=self._spawn,
             on_view_change=self._view_changed,
             on_links_change=self._links_changed,
+            signing=(record_signer(identity), public_key_der(identity), MemberVerifier()),
+            ca_pem=ca_pem,
+            on_revocations=self._keep_revocations,
         )
         self.address = ""
         self.ready = False
@@ -230,7 +242,9 @@ class Node:
             transport = GrpcTransport(GrpcTransportConfig(_max_message_bytes(numel), tls))
         path = cfg.state_dir / CHECKPOINT_FILE
         resume = await asyncio.to_thread(load_checkpoint, path) if path.exists() else None
-        return cls(cfg, identity, task, device, transport, clock or MonotonicClock(), resume)
+        ca_pem = tls.ca_pem if tls else None
+        clock = clock or MonotonicClock()
+        return cls(cfg, identity, task, device, transport, clock, resume, ca_pem)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -294,6 +308,8 @@ class Node:
         await self.peers.start_links()
         self._spawn(self._start_training(), "starter")
         self._spawn(self._checkpoint_periodically(), "checkpoints")
+        if self.peers.ca_pem is not None:
+            self._spawn(self._watch_revocations(), "revocations")
 
     async def _rejoin(self, ckpt: Checkpoint) -> str | None:
         """Join through the members a checkpoint remembers; alone if none answers (the swarm
@@ -695,6 +711,29 @@ class Node:
             save_checkpoint(self.cfg.state_dir / CHECKPOINT_FILE, ckpt)
             self._final_written = final
             return True
+
+    @property
+    def _revocations_path(self) -> Path:
+        return (self.cfg.tls_dir or self.cfg.state_dir) / REVOKED_FILE
+
+    async def _watch_revocations(self) -> None:
+        """Look at ``revoked.json`` in the TLS dir every few seconds: an operator (or a
+        deployment tool) drops a new list there, and this node adopts and spreads it."""
+        seen = b""
+        while True:
+            path = self._revocations_path
+            blob = await asyncio.to_thread(path.read_bytes) if path.exists() else b""
+            if blob != seen:
+                seen = blob
+                self.peers.adopt_revocations(blob, str(path))
+            await asyncio.sleep(REVOCATIONS_POLL_S)
+
+    def _keep_revocations(self, revocations: Revocations) -> None:
+        """Keep an adopted list beside the certificate, so that a restart starts from it."""
+        path = self._revocations_path
+        with contextlib.suppress(OSError):
+            if not path.exists() or path.read_bytes() != revocations.blob:
+                write_atomic(path, revocations.blob, mode=0o644)
 
     async def _checkpoint_periodically(self) -> None:
         while True:

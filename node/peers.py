@@ -18,10 +18,14 @@ from node.config import GossipConfig
 from node.gossiper import Gossiper
 from node.links import LinkConfig, PeerLink
 from node.membership import Membership
+from node.revocation import Revocations, parse_revocations
 from node.telemetry import Counters
 from node.transport.base import Reason, Rejected, Transport, Unreachable
 
-__all__ = ["JoinError", "Peers"]
+__all__ = ["JoinError", "MemberSigning", "Peers"]
+
+#: How this node signs its own member records (sign, its public key) and checks others'.
+MemberSigning = tuple[Callable[[bytes], bytes], bytes, Callable[[MemberRecord], bool]]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,7 @@ class Peers:
     spawn: runs a background coroutine for the node (and reports its failure).
     on_view_change: called after the member view changed.
     on_links_change: called when a link may have become busy or idle.
+    signing: sign this node's member records and drop records whose signature fails.
     """
 
     def __init__(
@@ -58,6 +63,9 @@ class Peers:
         spawn: Callable[[Coroutine[Any, Any, None], str], None],
         on_view_change: Callable[[], None],
         on_links_change: Callable[[], None],
+        signing: MemberSigning | None = None,
+        ca_pem: bytes | None = None,
+        on_revocations: Callable[[Revocations], None] = lambda r: None,
     ) -> None:
         self.node_id = node_id
         self.fingerprint = fingerprint
@@ -67,8 +75,19 @@ class Peers:
         self.cfg = cfg
         self.link_cfg = LinkConfig(queue=cfg.link_queue, call_timeout_s=cfg.call_timeout_s)
         self.swim = Swim(node_id, "", incarnation, swim_cfg, clock)
+        #: The swarm's revocation list as this node knows it (node/revocation.py).
+        self.revocations = Revocations.none()
+        self.ca_pem = ca_pem
+        self._on_revocations = on_revocations
+        self._spread_left = 0
+        if signing is not None:
+            self.swim.sign, self.swim.public_key, verify = signing
+            # A revoked node's records are refused, so it cannot come back into any view.
+            self.swim.verify = lambda r: r.node_id not in self.revocations.node_ids and verify(r)
         self.view = MemberView(self.swim)
-        self.membership = Membership(self.swim, transport, clock, self._members_changed)
+        self.membership = Membership(
+            self.swim, transport, clock, self._members_changed, attach=self._attachment
+        )
         self.links: dict[str, PeerLink] = {}
         #: Links open only once the node has its starting model (a joiner pulls one first).
         self.linking = False
@@ -102,7 +121,48 @@ class Peers:
     # -- joining ------------------------------------------------------------------------------
 
     def hello(self) -> Hello:
-        return Hello(PROTOCOL_VERSION, self.swim.me, self.fingerprint, tuple(self.swim.records()))
+        records = tuple(self.swim.records())
+        blob = self.revocations.blob
+        return Hello(PROTOCOL_VERSION, self.swim.me, self.fingerprint, records, blob)
+
+    # -- revocation ---------------------------------------------------------------------------
+
+    def adopt_revocations(self, blob: bytes, source: str) -> bool:
+        """Take a revocation list newer than ours and signed by our CA; returns whether it did.
+
+        The revoked nodes leave the view at once (the membership task then re-derives the
+        neighbours and closes their links), and this node passes the list on with its next
+        few membership messages.
+        """
+        if not blob or self.ca_pem is None:
+            return False
+        try:
+            new = parse_revocations(blob, self.ca_pem)
+        except ValueError as err:
+            log.warning("ignored a revocation list from %s: %s", source, err)
+            return False
+        if new.version <= self.revocations.version:
+            return False
+        self.revocations = new
+        self._spread_left = self.swim.cfg.retransmit_limit(len(self.view))
+        log.warning(
+            "revocation list v%d (from %s): %d node(s) revoked: %s",
+            new.version,
+            source,
+            len(new.node_ids),
+            " ".join(sorted(i[:8] for i in new.node_ids)),
+        )
+        for node_id in new.node_ids:
+            self.swim.expel(node_id)
+        self.membership.poke()
+        self._on_revocations(new)
+        return True
+
+    def _attachment(self) -> bytes:
+        if self._spread_left <= 0:
+            return b""
+        self._spread_left -= 1
+        return self.revocations.blob
 
     async def introduce(self, address: str) -> Hello:
         """Say hello to ``address`` and learn its members. Raises Rejected or Unreachable."""
@@ -112,6 +172,7 @@ class Peers:
         differences = self.fingerprint.differences(reply.fingerprint)
         if differences:
             raise Rejected(Reason.FINGERPRINT, "; ".join(differences))
+        self.adopt_revocations(reply.revocations, address)
         self.membership.merge([reply.self_, *reply.members])
         await self.membership.settle()
         return reply
@@ -125,6 +186,11 @@ class Peers:
                 unchanged.
         """
         joiner = hello.self_
+        self.adopt_revocations(hello.revocations, joiner.node_id)
+        if self.swim.verify is not None and not self.swim.verify(joiner):
+            raise Rejected(
+                Reason.IDENTITY, "your member record is not signed by the key of its node id"
+            )
         try:
             answered = await self.membership.check_address(joiner.address)
         except (Unreachable, Rejected) as err:

@@ -53,7 +53,10 @@ class NodeStatus:
 
 
 def status_to_json(status: NodeStatus) -> str:
-    return json.dumps(asdict(status), indent=2, sort_keys=True)
+    data = asdict(status)
+    for member in data["members"]:  # keys and signatures are for nodes, not for readers
+        del member["public_key"], member["signature"]
+    return json.dumps(data, indent=2, sort_keys=True)
 
 
 def _fmt_bytes(n: float) -> str:

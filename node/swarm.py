@@ -188,6 +188,10 @@ def node_argv(
     ]
     if g.gamma is not None:
         argv += ["--gamma", str(g.gamma)]
+    if g.robust:
+        argv += ["--robust", "--byzantine-fraction", str(g.byzantine_fraction)]
+    if g.attack is not None and index == cfg.nodes - 1:
+        argv += ["--attack", g.attack]  # testing robustness: the last node is the attacker
     if cfg.alpha is not None:
         argv += ["--alpha", str(cfg.alpha)]
     if join:

@@ -42,6 +42,8 @@ MAX_ADDRESS_CHARS = 255
 MAX_MEMBERS = 100_000
 MAX_PARAMS = 100_000
 MAX_NUMEL = 1 << 40
+MAX_KEY_BYTES = 512  # a DER public key or a signature
+MAX_REVOCATION_BYTES = 1 << 20
 _ID_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
 _HOST_RE = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]")
 
@@ -89,11 +91,15 @@ def _member_from_pb(m: pb.Member) -> MemberRecord:
     status = _STATUS_FROM_PB.get(m.status)
     if status is None:
         raise _malformed(f"member status {m.status} is unknown")
+    if len(m.public_key) > MAX_KEY_BYTES or len(m.signature) > MAX_KEY_BYTES:
+        raise _malformed("member key or signature is too long")
     return MemberRecord(
         _node_id(m.node_id, "member id"),
         address(m.address, "member address"),
         m.incarnation,
         status,
+        m.public_key,
+        m.signature,
     )
 
 
@@ -103,7 +109,15 @@ def _member_to_pb(m: MemberRecord) -> pb.Member:
         address=m.address,
         incarnation=m.incarnation,
         status=_STATUS_TO_PB[m.status],
+        public_key=m.public_key,
+        signature=m.signature,
     )
+
+
+def _revocations(blob: bytes) -> bytes:
+    if len(blob) > MAX_REVOCATION_BYTES:
+        raise _malformed("the revocation list is too large")
+    return blob
 
 
 def _members_from_pb(members: Sequence[pb.Member], what: str) -> tuple[MemberRecord, ...]:
@@ -140,6 +154,7 @@ def hello_to_pb(h: Hello) -> pb.Hello:
         self=_member_to_pb(h.self_),
         fingerprint=fingerprint_to_pb(h.fingerprint),
         members=[_member_to_pb(m) for m in h.members],
+        revocations=h.revocations,
     )
 
 
@@ -151,6 +166,7 @@ def hello_from_pb(h: pb.Hello) -> Hello:
         self_=_member_from_pb(h.self),
         fingerprint=fingerprint_from_pb(h.fingerprint),
         members=_members_from_pb(h.members, "hello"),
+        revocations=_revocations(h.revocations),
     )
 
 
@@ -166,6 +182,7 @@ def swim_to_pb(m: SwimMessage, protocol_version: int) -> pb.SwimMessage:
         seq=m.seq,
         target=m.target,
         updates=[_member_to_pb(r) for r in m.updates],
+        revocations=m.revocations,
     )
 
 
@@ -182,6 +199,7 @@ def swim_from_pb(m: pb.SwimMessage) -> tuple[int, SwimMessage]:
         m.seq,
         target,
         _members_from_pb(m.updates, "swim message"),
+        _revocations(m.revocations),
     )
     return m.protocol_version, message
 
@@ -322,7 +340,14 @@ def status_from_pb(s: pb.NodeStatus) -> NodeStatus:
             for n in s.neighbours
         ),
         members=tuple(
-            MemberRecord(m.node_id, m.address, m.incarnation, _STATUS_FROM_PB[m.status])
+            MemberRecord(
+                m.node_id,
+                m.address,
+                m.incarnation,
+                _STATUS_FROM_PB[m.status],
+                m.public_key,
+                m.signature,
+            )
             for m in s.members
         ),
         rejected=dict(s.rejected),

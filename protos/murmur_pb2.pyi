@@ -48,31 +48,37 @@ class TaskFingerprint(_message.Message):
     def __init__(self, params: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., codec: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "status")
+    __slots__ = ("node_id", "address", "incarnation", "status", "public_key", "signature")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
     status: MemberStatus
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ...) -> None: ...
+    public_key: bytes
+    signature: bytes
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "self", "fingerprint", "members")
+    __slots__ = ("protocol_version", "self", "fingerprint", "members", "revocations")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SELF_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     self: Member
     fingerprint: TaskFingerprint
     members: _containers.RepeatedCompositeFieldContainer[Member]
-    def __init__(self_, protocol_version: _Optional[int] = ..., self: _Optional[_Union[Member, _Mapping]] = ..., fingerprint: _Optional[_Union[TaskFingerprint, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+    revocations: bytes
+    def __init__(self_, protocol_version: _Optional[int] = ..., self: _Optional[_Union[Member, _Mapping]] = ..., fingerprint: _Optional[_Union[TaskFingerprint, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., revocations: _Optional[bytes] = ...) -> None: ...
 
 class SwimMessage(_message.Message):
-    __slots__ = ("protocol_version", "kind", "sender", "sender_address", "seq", "target", "updates")
+    __slots__ = ("protocol_version", "kind", "sender", "sender_address", "seq", "target", "updates", "revocations")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +86,7 @@ class SwimMessage(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
+    REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     kind: SwimKind
     sender: str
@@ -87,7 +94,8 @@ class SwimMessage(_message.Message):
     seq: int
     target: str
     updates: _containers.RepeatedCompositeFieldContainer[Member]
-    def __init__(self, protocol_version: _Optional[int] = ..., kind: _Optional[_Union[SwimKind, str]] = ..., sender: _Optional[str] = ..., sender_address: _Optional[str] = ..., seq: _Optional[int] = ..., target: _Optional[str] = ..., updates: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+    revocations: bytes
+    def __init__(self, protocol_version: _Optional[int] = ..., kind: _Optional[_Union[SwimKind, str]] = ..., sender: _Optional[str] = ..., sender_address: _Optional[str] = ..., seq: _Optional[int] = ..., target: _Optional[str] = ..., updates: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., revocations: _Optional[bytes] = ...) -> None: ...
 
 class SwimReply(_message.Message):
     __slots__ = ("node_id",)

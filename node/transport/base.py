@@ -52,6 +52,10 @@ class Reason(StrEnum):
     BAD_ADDRESS = "bad_address"
     #: The message speaks for another node than the one its TLS certificate names.
     IDENTITY = "identity"
+    #: The caller's certificate belongs to a node the swarm's CA revoked.
+    REVOKED = "revoked"
+    #: The sender sent too many bad messages lately and is kept out for a while.
+    BANNED = "banned"
 
 
 #: Reasons that mean the message itself is wrong (INVALID_ARGUMENT); the others mean it does not
@@ -130,6 +134,10 @@ class Handler(Protocol):
 
     def note_rejected(self, reason: Reason, detail: str) -> None:
         """Counts a message the transport refused before it could reach an rpc_* method."""
+        ...
+
+    def is_revoked(self, node_id: str) -> bool:
+        """Whether calls from the node with this (certified) id are to be refused."""
         ...
 
 

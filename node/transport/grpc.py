@@ -82,7 +82,7 @@ def _status_code(reason: Reason) -> grpc.StatusCode:
         return grpc.StatusCode.INVALID_ARGUMENT
     if reason in (Reason.SHUTTING_DOWN, Reason.NOT_READY):
         return grpc.StatusCode.UNAVAILABLE
-    if reason is Reason.IDENTITY:
+    if reason in (Reason.IDENTITY, Reason.REVOKED):
         return grpc.StatusCode.PERMISSION_DENIED
     return grpc.StatusCode.FAILED_PRECONDITION
 
@@ -94,13 +94,20 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
         self.handler = handler
         self.tls = tls
 
-    def _check_sender(self, context: grpc.aio.ServicerContext[Any, Any], claimed: str) -> None:
-        """Under TLS, a message may only speak for the node whose certificate sent it."""
+    def _check_sender(
+        self, context: grpc.aio.ServicerContext[Any, Any], claimed: str | None
+    ) -> None:
+        """Under TLS: a revoked node gets nothing, and a message may only speak for the node
+        whose certificate sent it (``claimed``; None for calls that claim nobody)."""
         if not self.tls:
             return
         certs = list(context.auth_context().get("x509_pem_cert") or [])
         actual = node_id_of_cert(certs[0]) if certs else ""
-        if actual != claimed:
+        if self.handler.is_revoked(actual):
+            err = Rejected(Reason.REVOKED, f"node {actual[:8]} is revoked in this swarm")
+            self.handler.note_rejected(err.reason, err.detail)
+            raise err
+        if claimed is not None and actual != claimed:
             certified = actual[:8] or "absent"
             err = Rejected(
                 Reason.IDENTITY,
@@ -194,6 +201,11 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
     async def Status(  # noqa: N802
         self, request: wire.pb.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> wire.pb.NodeStatus:
+        try:
+            self._check_sender(context, None)
+        except Rejected as err:
+            await self._refuse(context, err)
+            raise AssertionError("abort returned") from err
         return wire.status_to_pb(await self.handler.rpc_status())
 
     async def Swim(  # noqa: N802
@@ -211,6 +223,7 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
         self, request: wire.pb.PullModelRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[wire.pb.ModelChunk]:
         try:
+            self._check_sender(context, None)
             chunks = self.handler.rpc_pull_model(request.protocol_version, request.requester)
             async for chunk in chunks:
                 yield wire.model_chunk_to_pb(chunk)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
+from dataclasses import replace
+
 import pytest
 
 from gossip.clock import ManualClock
@@ -203,3 +207,40 @@ def test_a_refutation_does_not_take_a_place_among_the_updates_for_good() -> None
     # Every update ran out, this member's own record included: it rides first on every message
     # and must not also sit in the queue, crowding out news of others.
     assert me.pending_updates() == []
+
+
+def fake_signer(node_id: str) -> Callable[[bytes], bytes]:
+    """Stands in for a node's key in pure tests (the node uses ECDSA: node/signing.py)."""
+    return lambda data: hashlib.sha256(node_id.encode() + data).digest()
+
+
+def status_of(member: Swim, node_id: str) -> Status | None:
+    record = member.record(node_id)
+    return record.status if record else None
+
+
+def fake_verify(record: MemberRecord) -> bool:
+    return record.signature == fake_signer(record.node_id)(record.claim())
+
+
+def test_records_are_signed_by_their_member_and_checked_by_others() -> None:
+    clock = ManualClock()
+    b = Swim("b", "sim://b", 3, CFG, clock, sign=fake_signer("b"), public_key=b"kb")
+    a = Swim("a", "sim://a", 1, CFG, clock, verify=fake_verify)
+    a.merge([b.me])
+    assert a.record("b") == b.me
+    # Another member's suspicion keeps b's signature: it is not b's own claim.
+    a.merge([replace(b.me, status=Status.SUSPECT)])
+    assert status_of(a, "b") is Status.SUSPECT
+    # But nobody else can move b, raise its incarnation, or say that it left.
+    for forged in (
+        replace(b.me, address="sim://evil"),
+        replace(b.me, incarnation=9),
+        replace(b.me, status=Status.LEFT),
+    ):
+        a.merge([forged])
+    assert a.forged == 3
+    assert a.record("b") == replace(b.me, status=Status.SUSPECT)
+    b.leaving = True  # b's own departure, signed by b, is taken
+    a.merge([b.me])
+    assert status_of(a, "b") is Status.LEFT

@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
-from gossip.swim import Swim, SwimConfig, SwimMessage
+from gossip.swim import MemberRecord, Swim, SwimConfig, SwimMessage
 from node.config import GossipConfig, NodeConfig
+from node.identity import Identity
 from node.node import MonotonicClock, Node
+from node.signing import public_key_der, record_signer
 from node.status import NodeStatus
 from node.trainer import TrainerConfig
 from node.transport.base import Reason, Rejected, SnapshotChunk, Transport
@@ -91,20 +94,44 @@ def replica_matches_sender(receiver: Node, sender: Node) -> bool:
     )
 
 
+def fixed_identity(secret: int) -> Identity:
+    """The same key, and so the same node id, every time (for ids that tests name)."""
+    return Identity.from_key(ec.derive_private_key(secret, ec.SECP256R1()))
+
+
+def signed_record(identity: Identity, address: str, incarnation: int = 1) -> MemberRecord:
+    """An alive member record as its node would sign it."""
+    record = MemberRecord(identity.node_id, address, incarnation)
+    return dataclasses.replace(
+        record,
+        public_key=public_key_der(identity),
+        signature=record_signer(identity)(record.claim()),
+    )
+
+
 class SwimResponder:
     """A member that takes part in the membership protocol and nothing else: a peer at a real
     address for tests that feed a node messages by hand. It answers pings (so the node keeps it
     alive) but never probes, trains or gossips."""
 
-    def __init__(self, node_id: str) -> None:
-        self.node_id = node_id
+    def __init__(self, identity: Identity) -> None:
+        self.identity = identity
+        self.node_id = identity.node_id
         self.transport = GrpcTransport()
         self.swim: Swim | None = None
         self._sends: set[asyncio.Task[str]] = set()
 
     async def start(self) -> str:
         address = await self.transport.serve(self, "127.0.0.1:0")
-        self.swim = Swim(self.node_id, address, 1, SwimConfig(), MonotonicClock())
+        self.swim = Swim(
+            self.node_id,
+            address,
+            1,
+            SwimConfig(),
+            MonotonicClock(),
+            sign=record_signer(self.identity),
+            public_key=public_key_der(self.identity),
+        )
         return address
 
     async def stop(self) -> None:
@@ -146,3 +173,6 @@ class SwimResponder:
 
     def note_rejected(self, reason: Reason, detail: str) -> None:
         pass
+
+    def is_revoked(self, node_id: str) -> bool:
+        return False

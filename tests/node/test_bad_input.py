@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from collections.abc import AsyncIterator, Callable
@@ -15,14 +16,15 @@ import torch
 
 from gossip.codecs import get_codec, tensor_to_bytes
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello
-from gossip.swim import MemberRecord
+from gossip.swim import Kind, MemberRecord, Status, SwimMessage
 from node import wire
 from node.node import Node
 from protos import murmur_pb2 as pb
 from protos import murmur_pb2_grpc as pb_grpc
-from tests.node.helpers import SwimResponder, config
+from tests.node.helpers import SwimResponder, config, fixed_identity, signed_record
 
-PEER = "f" * 32
+PEER_IDENTITY = fixed_identity(1)
+PEER = PEER_IDENTITY.node_id
 SESSION = 77
 
 
@@ -55,9 +57,11 @@ async def target(tmp_path: Path) -> AsyncIterator[Target]:
     channel = grpc.aio.insecure_channel(node.address)
     stub = pb_grpc.MurmurStub(channel)  # type: ignore[no-untyped-call]
     # Introduce a peer (one that answers the membership protocol) and give the node its replica.
-    peer = SwimResponder(PEER)
+    peer = SwimResponder(PEER_IDENTITY)
     peer_address = await peer.start()
-    hello = Hello(PROTOCOL_VERSION, MemberRecord(PEER, peer_address, 1), node.fingerprint, ())
+    assert peer.swim is not None
+    assert peer.swim.address == peer_address
+    hello = Hello(PROTOCOL_VERSION, peer.swim.me, node.fingerprint, ())  # signed by the peer
     await stub.Hello(wire.hello_to_pb(hello))
     numel = node.flat.numel
     values = torch.randn(numel, generator=torch.Generator().manual_seed(0))
@@ -254,7 +258,7 @@ async def test_a_join_from_an_address_that_is_wrong_or_silent_changes_no_view(
     if address == "PEER":  # a real member answers there, under another id
         address = target.peer.swim.address if target.peer.swim else ""
     before = members(target.node)
-    joiner = MemberRecord("d" * 32, address, 1)
+    joiner = signed_record(fixed_identity(2), address)
     hello = wire.hello_to_pb(Hello(PROTOCOL_VERSION, joiner, target.node.fingerprint, ()))
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await target.stub.Hello(hello)
@@ -274,3 +278,34 @@ async def test_a_join_in_another_protocol_version_changes_no_view(target: Target
     assert info.value.code() == PRECONDITION
     assert "protocol version 99" in str(info.value.details())
     assert members(target.node) == before
+
+
+async def test_a_joiner_whose_record_is_not_signed_by_its_key_is_refused(target: Target) -> None:
+    before = members(target.node)
+    honest = signed_record(fixed_identity(3), "127.0.0.1:9")
+    impostors = [
+        dataclasses.replace(honest, signature=b""),  # unsigned
+        dataclasses.replace(honest, address="127.0.0.1:10"),  # moved after signing
+        # Signed, but by another key than the one its id is the hash of.
+        dataclasses.replace(honest, public_key=signed_record(fixed_identity(4), "x:1").public_key),
+    ]
+    for joiner in impostors:
+        hello = wire.hello_to_pb(Hello(PROTOCOL_VERSION, joiner, target.node.fingerprint, ()))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await target.stub.Hello(hello)
+        assert "not signed by the key of its node id" in str(info.value.details())
+    assert members(target.node) == before
+    assert (await target.rejected()).get("identity") == len(impostors)
+
+
+async def test_a_relayed_record_with_a_bad_signature_is_dropped(target: Target) -> None:
+    real = target.node.peers.swim.record(PEER)
+    assert real is not None
+    # A relay moves PEER to an address of its choosing, and says another member left.
+    hijack = dataclasses.replace(real, address="10.6.6.6:7070", incarnation=real.incarnation + 1)
+    departed = dataclasses.replace(real, status=Status.LEFT)
+    relay = fixed_identity(5)
+    message = SwimMessage(Kind.PING, relay.node_id, "127.0.0.1:9", 1, updates=(hijack, departed))
+    await target.stub.Swim(wire.swim_to_pb(message, PROTOCOL_VERSION))
+    assert target.node.peers.swim.record(PEER) == real
+    assert target.node.peers.swim.forged == 2

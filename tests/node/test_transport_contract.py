@@ -113,6 +113,9 @@ class RecordingHandler:
     def note_rejected(self, reason: Reason, detail: str) -> None:
         self.noted.append(reason)
 
+    def is_revoked(self, node_id: str) -> bool:
+        return False
+
 
 Pair = tuple[Transport, Transport, str, RecordingHandler]
 PairFactory = Callable[[], Awaitable[Pair]]

@@ -1,0 +1,184 @@
+"""Byzantine-robust mixing: ClippedGossip with an adaptive radius, and a per-neighbour anomaly
+score.
+
+ClippedGossip (He, Karimireddy and Jaggi, "Byzantine-robust decentralized learning via
+ClippedGossip", 2022, arXiv:2202.01545) replaces the gossip average by
+
+    x_i += γ Σ_j w_ij CLIP(d_j, τ_i),    CLIP(d, τ) = d · min(1, τ / ||d||),
+
+so that a Byzantine neighbour, whatever it sends, moves x_i by at most γ w_ij τ_i in a round,
+while honest neighbours within τ_i of node i are averaged with as before.
+
+**Which pull is clipped.** The paper clips z_j - x_i, with z_j what neighbour j sent and x_i the
+node's own model. Under CHOCO-Gossip (gossip/replicas.py) the mixing term is x̂_j - x̂_i, both
+public copies; x_i - x̂_i is node i's own compression residual, which error feedback sends later.
+We clip d_j = x̂_j - x̂_i: with nothing clipped (τ ≥ every ||d_j||) the step is exactly
+:meth:`GossipState.consensus_step`, so robust mixing changes nothing among honest nodes that are
+close, and the residual — which is i's own, not a neighbour's, and cannot be Byzantine — is
+neither clipped nor pulled back.
+
+**The radius.** The paper's analysis sets τ_i² = (1/δ_i) Σ_{j honest} w_ij E||x_i - x_j||², with
+δ_i the weight of i's Byzantine neighbours; the honest set is unknown to node i, so its
+experiments use an adaptive rule that clips the neighbours farthest from i. We implement that
+rule as a weighted quantile (:func:`clip_radius`): sort the neighbours by ||d_j||; τ_i is the
+largest distance whose cumulative weight, nearest first, is at most 1 - δ of the neighbours'
+total weight. So at least the farthest δ of the weight is clipped, and τ_i is a distance of an
+honest neighbour whenever the Byzantine ones carry at most δ of the weight and are the farthest.
+With a single neighbour there is nothing to compare it with and nothing is clipped.
+
+**The anomaly score** (:class:`AnomalyScore`) is our own heuristic, not from the paper: for each
+neighbour, an exponential moving average of how far the norm of its latest deltas is above the
+median of the others' and of how much it points against their mean direction (negative cosine). A
+neighbour whose score is over the threshold leaves the mix until the score decays under it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from gossip.replicas import GossipState
+
+__all__ = ["AnomalyScore", "ClipResult", "clip_radius", "clipped_consensus_step"]
+
+NodeId = str
+
+
+def clip_radius(
+    distances: Mapping[NodeId, float], weights: Mapping[NodeId, float], byzantine_fraction: float
+) -> float:
+    """τ: the largest distance whose cumulative weight (nearest first) is at most 1 - δ.
+
+    Args:
+        distances: ||d_j|| per neighbour.
+        weights: w_ij per neighbour (those in ``distances``).
+        byzantine_fraction: δ in [0, 1), the share of the weight assumed Byzantine.
+
+    Returns:
+        τ; the nearest neighbour's distance when it alone carries more than 1 - δ; infinity
+        without neighbours.
+    """
+    if not 0 <= byzantine_fraction < 1:
+        raise ValueError(f"byzantine_fraction must be in [0, 1), got {byzantine_fraction}")
+    ranked = sorted((distances[p], weights[p]) for p in distances if weights[p] > 0)
+    if not ranked:
+        return math.inf
+    total = sum(w for _, w in ranked)
+    keep = (1 - byzantine_fraction) * total * (1 + 1e-9)  # rounding must not drop a neighbour
+    tau, cumulative = ranked[0][0], 0.0
+    for distance, w in ranked:
+        cumulative += w
+        if cumulative > keep:
+            break
+        tau = distance
+    return tau
+
+
+@dataclass(frozen=True)
+class ClipResult:
+    tau: float
+    #: Neighbours whose pull was shortened to τ.
+    clipped: frozenset[NodeId]
+
+
+def clipped_consensus_step(
+    state: GossipState,
+    x: torch.Tensor,
+    gamma: float,
+    weights: Mapping[NodeId, float],
+    byzantine_fraction: float,
+    excluded: frozenset[NodeId] = frozenset(),
+) -> ClipResult:
+    """x += γ Σ_j w_ij CLIP(x̂_j - x̂_i, τ_i), in place, τ_i from :func:`clip_radius`.
+
+    Neighbours without a replica, or with weight 0, are left out (their weight stays with x_i),
+    as in :meth:`GossipState.consensus_step`. ``excluded`` neighbours (evicted ones) still count
+    in τ_i but do not pull: leaving a neighbour out must not widen the radius, or evicting honest
+    neighbours by mistake would leave a Byzantine one unclipped.
+    """
+    pulls: dict[NodeId, torch.Tensor] = {}
+    for peer, w in weights.items():
+        replica = state.replicas.get(peer)
+        if replica is not None and w != 0.0:
+            pulls[peer] = replica.value - state.public
+    if not pulls:
+        return ClipResult(math.inf, frozenset())
+    norms = {p: float(d.norm()) for p, d in pulls.items()}
+    tau = clip_radius(norms, weights, byzantine_fraction)
+    total = torch.zeros_like(state.public)
+    clipped = set()
+    for peer, d in pulls.items():
+        if peer in excluded:
+            continue
+        scale = 1.0
+        if norms[peer] > tau:
+            scale = tau / norms[peer]
+            clipped.add(peer)
+        total.add_(d, alpha=weights[peer] * scale)
+    x.add_(total.to(x.dtype), alpha=gamma)
+    return ClipResult(tau, frozenset(clipped))
+
+
+class AnomalyScore:
+    """Per-neighbour suspicion from the norm and direction of its deltas.
+
+    Each :meth:`update` takes every neighbour's change since the last update, Δ_j. For a
+    neighbour with at least one other to compare with, the round's raw score is
+
+        min(cap, max(0, ||Δ_j|| / median_{k≠j} ||Δ_k|| - norm_slack)) + max(0, -cos(Δ_j, u_j))
+
+    with u_j = mean_{k≠j} Δ_k / ||Δ_k||, the others' mean direction (unit vectors, so that one
+    huge neighbour does not turn it against the rest)
+    and its score moves to ``decay · score + (1 - decay) · raw``. A neighbour whose Δ is zero
+    (nothing heard since the last update) keeps its score.
+
+    Args:
+        decay: the moving average's memory, in [0, 1).
+        threshold: a score over it evicts the neighbour.
+        norm_slack: how many times the others' median norm a delta may be without penalty.
+        cap: the most one round's norm term adds; with the defaults one round moves the score
+            by at most (1 - decay) · (cap + 1) = 0.6, so a single odd round cannot evict alone
+            (deltas between rounds are uneven under asynchronous gossip).
+    """
+
+    def __init__(
+        self,
+        decay: float = 0.9,
+        threshold: float = 1.0,
+        norm_slack: float = 4.0,
+        cap: float = 5.0,
+    ) -> None:
+        if not 0 <= decay < 1:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        self.decay, self.threshold, self.norm_slack, self.cap = decay, threshold, norm_slack, cap
+        self.scores: dict[NodeId, float] = {}
+
+    def update(self, deltas: Mapping[NodeId, torch.Tensor]) -> dict[NodeId, float]:
+        """Score this round's deltas; returns the scores of the neighbours that were updated."""
+        live = {p: d.to(torch.float64) for p, d in deltas.items() if bool(d.any())}
+        norms = {p: float(d.norm()) for p, d in live.items()}
+        updated = {}
+        for peer, d in live.items():
+            others = [q for q in live if q != peer]
+            if not others:
+                continue
+            median = float(torch.tensor([norms[q] for q in others]).median())
+            ratio = norms[peer] / median if median > 0 else self.cap
+            raw = min(self.cap, max(0.0, ratio - self.norm_slack))
+            # The mean of unit vectors: one huge neighbour cannot turn it against the rest.
+            mean = torch.stack([live[q] / norms[q] for q in others]).mean(dim=0)
+            if float(mean.norm()) > 0:
+                cos = float(torch.dot(d, mean) / (norms[peer] * mean.norm()))
+                raw += max(0.0, -cos)
+            score = self.decay * self.scores.get(peer, 0.0) + (1 - self.decay) * raw
+            self.scores[peer] = updated[peer] = score
+        return updated
+
+    def evicted(self) -> frozenset[NodeId]:
+        return frozenset(p for p, s in self.scores.items() if s > self.threshold)
+
+    def forget(self, peer: NodeId) -> None:
+        self.scores.pop(peer, None)

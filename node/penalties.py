@@ -1,0 +1,112 @@
+"""Back-off for peers whose messages keep failing validation.
+
+A sender whose messages are refused for being bad in themselves (not for arriving at an awkward
+moment) ``threshold`` times within ``window_s`` is banned: its messages are refused at once until
+the ban ends. Each repeat offence doubles the ban, up to ``max_ban_s``; a sender that stays clean
+for ``forgive_after_s`` after a ban starts over. Pure: time comes from an injected clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from gossip.clock import Clock
+from node.transport.base import Reason
+
+__all__ = ["COUNTED_REASONS", "Penalties", "PenaltyConfig", "SystemClock"]
+
+#: Refusals that say the message itself is bad. Gaps, stale sequence numbers, unknown senders and
+#: a node that is not ready are what honest peers meet during churn, so they never count.
+COUNTED_REASONS = frozenset(
+    {
+        Reason.MALFORMED,
+        Reason.BAD_PAYLOAD,
+        Reason.NON_FINITE,
+        Reason.IDENTITY,
+        Reason.FINGERPRINT,
+        Reason.PROTOCOL_VERSION,
+    }
+)
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+
+@dataclass(frozen=True)
+class PenaltyConfig:
+    """Args:
+    threshold: counted refusals within ``window_s`` that earn a ban.
+    window_s: how far back refusals are counted.
+    ban_s: the first ban; each repeat offence doubles it.
+    max_ban_s: the longest ban.
+    forgive_after_s: clean time after a ban's end after which the next ban is a first one again.
+    max_tracked: senders remembered at once; the least recently heard-from is forgotten first,
+        so a flood of made-up ids cannot grow memory without bound.
+    """
+
+    threshold: int = 8
+    window_s: float = 60.0
+    ban_s: float = 30.0
+    max_ban_s: float = 3600.0
+    forgive_after_s: float = 3600.0
+    max_tracked: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.threshold < 1 or self.max_tracked < 1:
+            raise ValueError("threshold and max_tracked must be at least 1")
+        if not 0 < self.ban_s <= self.max_ban_s or self.window_s <= 0:
+            raise ValueError("need 0 < ban_s <= max_ban_s and a positive window_s")
+
+
+@dataclass
+class _Record:
+    refusals: deque[float] = field(default_factory=deque)
+    offences: int = 0
+    banned_until: float = float("-inf")
+
+
+class Penalties:
+    """Counts refusals per sender and bans repeat offenders."""
+
+    def __init__(self, cfg: PenaltyConfig, clock: Clock) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self._records: OrderedDict[str, _Record] = OrderedDict()
+
+    def ban_left_s(self, sender: str) -> float:
+        """Seconds left of ``sender``'s ban; 0 when it is not banned."""
+        record = self._records.get(sender)
+        if record is None:
+            return 0.0
+        return max(0.0, record.banned_until - self.clock.now())
+
+    def note_refusal(self, sender: str, reason: Reason) -> float:
+        """Count a refusal of ``sender``'s message; returns the length of the ban it earned
+        (0 when none: the reason does not count, the threshold is not reached, or a ban is on)."""
+        if reason not in COUNTED_REASONS or self.ban_left_s(sender) > 0:
+            return 0.0
+        now = self.clock.now()
+        record = self._records.pop(sender, None) or _Record()
+        self._records[sender] = record  # most recently heard-from last
+        while len(self._records) > self.cfg.max_tracked:
+            self._records.popitem(last=False)
+        if record.offences and now - record.banned_until > self.cfg.forgive_after_s:
+            record.offences = 0
+        record.refusals.append(now)
+        while record.refusals and record.refusals[0] <= now - self.cfg.window_s:
+            record.refusals.popleft()
+        if len(record.refusals) < self.cfg.threshold:
+            return 0.0
+        record.refusals.clear()
+        record.offences += 1
+        ban_s = min(self.cfg.max_ban_s, self.cfg.ban_s * 2.0 ** min(record.offences - 1, 64))
+        record.banned_until = now + ban_s
+        return ban_s
+
+    def tracked(self) -> int:
+        """Senders remembered now."""
+        return len(self._records)

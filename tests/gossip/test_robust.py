@@ -1,0 +1,176 @@
+"""ClippedGossip and the anomaly score: small hand-computed cases and a synchronous swarm with one
+Byzantine node."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gossip.clock import ManualClock
+from gossip.codecs import get_codec
+from gossip.replicas import GossipState
+from gossip.robust import AnomalyScore, clip_radius, clipped_consensus_step
+from gossip.simulate import SyncSwarm
+from gossip.topology import build
+
+
+def state_with(public: list[float], replicas: dict[str, list[float]]) -> GossipState:
+    state = GossipState(torch.tensor(public), get_codec("fp32"), ManualClock())
+    for peer, values in replicas.items():
+        state.admit(peer)
+        state.receive_snapshot(peer, 1, 0, torch.tensor(values))
+    return state
+
+
+def test_the_radius_is_the_largest_distance_within_one_minus_delta_of_the_weight() -> None:
+    d = {"a": 1.0, "b": 2.0, "c": 3.0, "z": 100.0}
+    w = dict.fromkeys(d, 0.2)
+    # Cumulative weight, nearest first: 0.2, 0.4, 0.6, 0.8 of 0.8; keep 0.75 * 0.8 = 0.6.
+    assert clip_radius(d, w, 0.25) == 3.0
+    assert clip_radius(d, w, 0.0) == 100.0
+    # Two neighbours: keeping 3/4 of the weight keeps only the nearer one.
+    assert clip_radius({"a": 1.0, "z": 50.0}, {"a": 0.3, "z": 0.3}, 0.25) == 1.0
+    # One neighbour: nothing to compare with, nothing clipped.
+    assert clip_radius({"z": 50.0}, {"z": 0.5}, 0.25) == 50.0
+    assert clip_radius({}, {}, 0.25) == math.inf
+    with pytest.raises(ValueError, match="byzantine_fraction"):
+        clip_radius(d, w, 1.0)
+
+
+def test_the_far_pull_is_clipped_to_the_radius_and_the_near_ones_are_not() -> None:
+    # x̂_i = 0; pulls a = (3, 4) (norm 5), b = (0, 1) (norm 1), z = (300, 400) (norm 500).
+    state = state_with([0.0, 0.0], {"a": [3.0, 4.0], "b": [0.0, 1.0], "z": [300.0, 400.0]})
+    x = torch.tensor([1.0, 1.0])
+    w = {"a": 0.25, "b": 0.25, "z": 0.25}
+    # Cumulative weight, nearest first: 0.25, 0.5, 0.75; keep 0.7 * 0.75 = 0.525: b and a.
+    result = clipped_consensus_step(state, x, 0.5, w, byzantine_fraction=0.3)
+    assert result.tau == 5.0
+    assert result.clipped == {"z"}
+    # z clipped to norm 5: (3, 4). x += 0.5 * 0.25 * ((3, 4) + (0, 1) + (3, 4)) = (0.75, 1.125).
+    assert torch.allclose(x, torch.tensor([1.75, 2.125]))
+
+
+def test_with_nothing_clipped_the_step_is_exactly_the_plain_consensus_step() -> None:
+    g = torch.Generator().manual_seed(1)
+    reps = {p: torch.randn(8, generator=g).tolist() for p in "abc"}
+    state = state_with(torch.randn(8, generator=g).tolist(), reps)
+    w = {"a": 0.2, "b": 0.3, "c": 0.1}
+    x0 = torch.randn(8, generator=g)
+    plain = state.consensus_step(x0.clone(), 0.7, w)
+    robust = x0.clone()
+    result = clipped_consensus_step(state, robust, 0.7, w, byzantine_fraction=0.0)
+    assert result.clipped == frozenset()
+    assert torch.allclose(plain, robust, atol=1e-6)
+
+
+def test_a_neighbour_with_huge_deltas_is_evicted_and_honest_ones_are_not() -> None:
+    g = torch.Generator().manual_seed(2)
+    score = AnomalyScore()
+    for _ in range(10):
+        common = torch.randn(32, generator=g)
+        deltas = {p: common + 0.5 * torch.randn(32, generator=g) for p in "abcd"}
+        deltas["z"] = -20 * common
+        score.update(deltas)
+    assert score.evicted() == {"z"}
+    assert score.scores["z"] > 3
+    assert max(score.scores[p] for p in "abcd") < 0.2
+
+
+def test_a_flipped_delta_scores_higher_than_an_honest_one_but_alone_does_not_evict() -> None:
+    g = torch.Generator().manual_seed(3)
+    score = AnomalyScore()
+    for _ in range(20):
+        common = torch.randn(32, generator=g)
+        deltas = {p: common + 0.3 * torch.randn(32, generator=g) for p in "abc"}
+        deltas["z"] = -common
+        score.update(deltas)
+    assert score.scores["z"] > 0.8  # nearly cos = -1 every round
+    assert max(score.scores[p] for p in "abc") < 0.05
+    assert score.evicted() == frozenset()  # direction alone is at most 1: not over 1
+
+
+def test_one_odd_round_does_not_evict_but_a_few_do() -> None:
+    score = AnomalyScore()
+    honest = {"a": torch.ones(4), "b": torch.ones(4)}
+    evicted = []
+    for _ in range(3):  # scores 0.5, 0.95, 1.355
+        score.update({**honest, "z": 1000 * torch.ones(4)})
+        evicted.append(score.evicted())
+    assert evicted == [frozenset(), frozenset(), {"z"}]
+    for _ in range(30):
+        score.update({**honest, "z": torch.ones(4)})
+    assert score.evicted() == frozenset()  # it behaves again: back in the mix
+
+
+def test_a_silent_neighbour_keeps_its_score() -> None:
+    score = AnomalyScore()
+    score.update({"a": torch.ones(4), "b": torch.ones(4), "z": 100 * torch.ones(4)})
+    before = score.scores["z"]
+    score.update({"a": torch.ones(4), "b": torch.ones(4), "z": torch.zeros(4)})
+    assert score.scores["z"] == before
+
+
+class ByzantineSwarm(SyncSwarm):
+    """A SyncSwarm where ``attacker`` publishes ``scale`` times its model (a valid delta stream,
+    so every replica of it stays consistent) and does not mix; the others mix plainly or with
+    ClippedGossip."""
+
+    def __init__(self, *args: object, attacker: str, robust: bool, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.attacker, self.robust = attacker, robust
+
+    def round(self) -> None:
+        for i in self.graph.nodes:
+            target = self.x[i] * 50 if i == self.attacker else self.x[i]
+            seq, payload = self.states[i].make_delta(target)
+            for j in self.graph.neighbours(i):
+                self.states[j].receive_delta(i, self.states[i].session, seq, payload)
+        for i in self.graph.nodes:
+            if i == self.attacker:
+                continue
+            if self.robust:
+                clipped_consensus_step(self.states[i], self.x[i], self.gamma, self.weights[i], 0.25)
+            else:
+                self.states[i].consensus_step(self.x[i], self.gamma, self.weights[i])
+        self.clock.advance(1.0)
+
+
+def honest_stats(swarm: ByzantineSwarm, honest_mean0: torch.Tensor) -> tuple[float, float]:
+    """(distance of the honest nodes' mean from their starting mean, their spread), relative to
+    the starting mean's norm."""
+    honest = torch.stack([x for i, x in swarm.x.items() if i != swarm.attacker])
+    mean = honest.mean(dim=0)
+    scale = float(honest_mean0.norm())
+    spread = float((honest - mean).norm(dim=1).max())
+    return float((mean - honest_mean0).norm()) / scale, spread / scale
+
+
+@pytest.mark.parametrize("robust", [False, True])
+def test_one_byzantine_node_drags_plain_gossip_but_not_clipped_gossip(robust: bool) -> None:
+    ids = [f"n{i}" for i in range(8)]
+    g = torch.Generator().manual_seed(0)
+    initial = {i: torch.randn(64, generator=g) + 2.0 for i in ids}
+    honest_mean0 = torch.stack([initial[i] for i in ids[:-1]]).mean(dim=0)
+    swarm = ByzantineSwarm(
+        build("exponential", ids), initial, get_codec("int8", 64), 0.8, attacker="n7", robust=robust
+    )
+    for _ in range(60):
+        swarm.round()
+    drift, spread = honest_stats(swarm, honest_mean0)
+    if robust:
+        assert drift < 0.3  # close to the honest mean
+        assert spread < 0.1  # and agreeing
+    else:
+        assert drift > 5  # dragged many times the model's own size away
+
+
+def test_an_excluded_neighbour_does_not_pull_but_still_counts_in_the_radius() -> None:
+    state = state_with([0.0, 0.0], {"a": [3.0, 4.0], "b": [0.0, 1.0], "z": [300.0, 400.0]})
+    w = {"a": 0.25, "b": 0.25, "z": 0.25}
+    x = torch.tensor([0.0, 0.0])
+    result = clipped_consensus_step(state, x, 1.0, w, 0.3, excluded=frozenset({"a", "b"}))
+    # Had a and b been dropped, z alone would set τ = 500 and pull unclipped.
+    assert result.tau == 5.0
+    assert torch.allclose(x, torch.tensor([0.75, 1.0]))  # 0.25 * (3, 4)
