@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from gossip.clock import Clock
 from node.transport.base import Reason
 
-__all__ = ["COUNTED_REASONS", "Penalties", "PenaltyConfig", "SystemClock"]
+__all__ = [
+    "COUNTED_REASONS",
+    "Penalties",
+    "PenaltyConfig",
+    "RateConfig",
+    "RateLimiter",
+    "SystemClock",
+]
 
 #: Refusals that say the message itself is bad. Gaps, stale sequence numbers, unknown senders and
 #: a node that is not ready are what honest peers meet during churn, so they never count.
@@ -110,3 +117,42 @@ class Penalties:
     def tracked(self) -> int:
         """Senders remembered now."""
         return len(self._records)
+
+
+@dataclass(frozen=True)
+class RateConfig:
+    """Args:
+    rate: messages per second a sender may keep up.
+    burst: messages it may send at once after a quiet spell.
+    max_tracked: senders remembered at once (least recently heard-from forgotten first).
+    """
+
+    rate: float = 1000.0
+    burst: float = 2000.0
+    max_tracked: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.rate <= 0 or self.burst < 1 or self.max_tracked < 1:
+            raise ValueError("rate must be positive, burst and max_tracked at least 1")
+
+
+class RateLimiter:
+    """A token bucket per sender: each message takes a token; tokens come back at ``rate`` per
+    second up to ``burst``. The defaults sit far above what an honest node sends (a round per
+    training step at most, to each neighbour), so they only stop floods."""
+
+    def __init__(self, cfg: RateConfig, clock: Clock) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
+
+    def allow(self, sender: str) -> bool:
+        """Take a token for one message from ``sender``; False when it has none left."""
+        now = self.clock.now()
+        tokens, at = self._buckets.pop(sender, (self.cfg.burst, now))
+        tokens = min(self.cfg.burst, tokens + (now - at) * self.cfg.rate)
+        allowed = tokens >= 1.0
+        self._buckets[sender] = (tokens - 1.0 if allowed else tokens, now)
+        if len(self._buckets) > self.cfg.max_tracked:
+            self._buckets.popitem(last=False)
+        return allowed

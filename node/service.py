@@ -18,7 +18,7 @@ from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, Snapshot
 from gossip.replicas import GossipError, SequenceGap, StaleSequence, UnknownPeer
 from gossip.swim import SwimMessage
 from node import wire
-from node.penalties import Penalties, PenaltyConfig, SystemClock
+from node.penalties import Penalties, PenaltyConfig, RateConfig, RateLimiter, SystemClock
 from node.status import NodeStatus
 from node.transport.base import Reason, Rejected, SnapshotChunk, iter_chunks
 
@@ -45,10 +45,14 @@ def _reason_of(err: Exception) -> Reason:
 class NodeService:
     """Implements the transport's ``Handler`` for one node."""
 
-    def __init__(self, node: Node, penalties: Penalties | None = None) -> None:
+    def __init__(
+        self, node: Node, penalties: Penalties | None = None, rates: RateLimiter | None = None
+    ) -> None:
         self.node = node
         #: Who is kept out for sending bad messages; public so that tests can give it a clock.
         self.penalties = penalties or Penalties(PenaltyConfig(), SystemClock())
+        #: How fast each sender may send; public for the same reason.
+        self.rates = rates or RateLimiter(RateConfig(), SystemClock())
 
     def is_revoked(self, node_id: str) -> bool:
         return node_id in self.node.peers.revocations.node_ids
@@ -81,6 +85,8 @@ class NodeService:
                 Reason.BANNED,
                 f"{sender[:8]} sent too many bad messages; refused for another {ban_left_s:.0f} s",
             )
+        if sender and not self.rates.allow(sender):
+            self._refuse(Reason.RATE_LIMITED, f"{sender[:8]} sends faster than its rate limit")
         if protocol_version != PROTOCOL_VERSION:
             self._refuse(
                 Reason.PROTOCOL_VERSION,

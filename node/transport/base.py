@@ -54,6 +54,8 @@ class Reason(StrEnum):
     IDENTITY = "identity"
     #: The caller's certificate belongs to a node the swarm's CA revoked.
     REVOKED = "revoked"
+    #: The sender sends faster than any honest node does.
+    RATE_LIMITED = "rate_limited"
     #: The sender sent too many bad messages lately and is kept out for a while.
     BANNED = "banned"
 

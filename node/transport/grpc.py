@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 import torch
+from google.protobuf.message import DecodeError
 
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import SwimMessage
@@ -41,6 +42,7 @@ M = TypeVar("M")
 D = TypeVar("D")
 
 REASON_KEY = "murmur-reason"
+SERVICE = "murmur.v1.Murmur"
 #: Codes that mean "could not talk to the peer", not "the peer said no".
 _UNREACHABLE_CODES = frozenset(
     {
@@ -84,6 +86,8 @@ def _status_code(reason: Reason) -> grpc.StatusCode:
         return grpc.StatusCode.UNAVAILABLE
     if reason in (Reason.IDENTITY, Reason.REVOKED):
         return grpc.StatusCode.PERMISSION_DENIED
+    if reason is Reason.RATE_LIMITED:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     return grpc.StatusCode.FAILED_PRECONDITION
 
 
@@ -119,6 +123,8 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
     def _decode(self, decode: Callable[[M], D], raw: M) -> D:
         """Decode a message; a malformed one is counted before it is refused."""
         try:
+            if isinstance(raw, Undecodable):
+                raise Rejected(Reason.MALFORMED, f"{raw.nbytes} bytes that are not a {raw.what}")
             return decode(raw)
         except Rejected as err:
             self.handler.note_rejected(err.reason, err.detail)
@@ -224,12 +230,76 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
     ) -> AsyncIterator[wire.pb.ModelChunk]:
         try:
             self._check_sender(context, None)
+            request = self._decode(lambda r: r, request)
             chunks = self.handler.rpc_pull_model(request.protocol_version, request.requester)
             async for chunk in chunks:
                 yield wire.model_chunk_to_pb(chunk)
         except Rejected as err:
             await self._refuse(context, err)
             raise AssertionError("abort returned") from err
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """What arrived instead of a message when its bytes did not parse."""
+
+    what: str
+    nbytes: int
+
+
+def _lenient(message: type[Any]) -> Callable[[bytes], Any]:
+    """A deserializer that hands bytes that do not parse on as :class:`Undecodable`, so the
+    servicer refuses them like any malformed message (counted, INVALID_ARGUMENT) instead of
+    gRPC failing the call as UNKNOWN before the node ever sees it."""
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return message.FromString(raw)
+        except DecodeError:
+            return Undecodable(message.__name__, len(raw))
+
+    return parse
+
+
+def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
+    """As the generated ``add_MurmurServicer_to_server``, with lenient deserializers."""
+    pb = wire.pb
+
+    def handler(kind: Callable[..., Any], method: Any, request: Any, response: Any) -> Any:
+        return kind(
+            method,
+            request_deserializer=_lenient(request),
+            response_serializer=response.SerializeToString,
+        )
+
+    handlers = {
+        "Hello": handler(grpc.unary_unary_rpc_method_handler, servicer.Hello, pb.Hello, pb.Hello),
+        "PushDelta": handler(
+            grpc.unary_unary_rpc_method_handler, servicer.PushDelta, pb.Delta, pb.DeltaAck
+        ),
+        "StreamDeltas": handler(
+            grpc.stream_stream_rpc_method_handler, servicer.StreamDeltas, pb.Delta, pb.DeltaAck
+        ),
+        "PushSnapshot": handler(
+            grpc.stream_unary_rpc_method_handler,
+            servicer.PushSnapshot,
+            pb.SnapshotChunk,
+            pb.SnapshotAck,
+        ),
+        "Status": handler(
+            grpc.unary_unary_rpc_method_handler, servicer.Status, pb.StatusRequest, pb.NodeStatus
+        ),
+        "Swim": handler(
+            grpc.unary_unary_rpc_method_handler, servicer.Swim, pb.SwimMessage, pb.SwimReply
+        ),
+        "PullModel": handler(
+            grpc.unary_stream_rpc_method_handler,
+            servicer.PullModel,
+            pb.PullModelRequest,
+            pb.ModelChunk,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 
 def _error_of(
@@ -295,7 +365,7 @@ class GrpcTransport:
         server = grpc.aio.server(options=self.cfg.channel_options())
         tls = self.cfg.tls
         servicer = _Servicer(handler, tls is not None)
-        murmur_pb2_grpc.add_MurmurServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+        _add_servicer(servicer, server)
         host = listen.rsplit(":", 1)[0]
         try:
             if tls is None:

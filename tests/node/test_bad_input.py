@@ -14,11 +14,13 @@ import grpc.aio
 import pytest
 import torch
 
+from gossip.clock import ManualClock
 from gossip.codecs import get_codec, tensor_to_bytes
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
 from node import wire
 from node.node import Node
+from node.penalties import RateConfig, RateLimiter
 from protos import murmur_pb2 as pb
 from protos import murmur_pb2_grpc as pb_grpc
 from tests.node.helpers import SwimResponder, config, fixed_identity, signed_record
@@ -309,3 +311,36 @@ async def test_a_relayed_record_with_a_bad_signature_is_dropped(target: Target) 
     await target.stub.Swim(wire.swim_to_pb(message, PROTOCOL_VERSION))
     assert target.node.peers.swim.record(PEER) == real
     assert target.node.peers.swim.forged == 2
+
+
+async def test_a_sender_over_its_rate_is_refused_until_it_slows_down(target: Target) -> None:
+    clock = ManualClock()
+    target.node.service.rates = RateLimiter(RateConfig(rate=1.0, burst=3.0), clock)
+    ping = wire.swim_to_pb(SwimMessage(Kind.PING, PEER, "127.0.0.1:9", 1), PROTOCOL_VERSION)
+    for _ in range(3):
+        await target.stub.Swim(ping)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await target.stub.Swim(ping)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (await target.rejected()).get("rate_limited") == 1
+    clock.advance(1.0)  # one message's worth of tokens back
+    await target.stub.Swim(ping)
+
+
+async def test_bytes_that_are_no_message_at_all_get_a_clear_counted_refusal(
+    target: Target,
+) -> None:
+    before = target.frozen()
+    async with grpc.aio.insecure_channel(target.node.address) as channel:
+        for method in ("PushDelta", "Swim", "Hello"):
+            call = channel.unary_unary(
+                f"/murmur.v1.Murmur/{method}",
+                request_serializer=lambda raw: raw,
+                response_deserializer=lambda raw: raw,
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(b"\xff\xff\xff\xff")  # a field tag with no end: not protobuf
+            assert info.value.code() == INVALID, method
+            assert "not a" in str(info.value.details())
+    assert (await target.rejected()).get("malformed") == 3
+    assert target.frozen() == before

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gossip.clock import ManualClock
-from node.penalties import COUNTED_REASONS, Penalties, PenaltyConfig
+from node.penalties import COUNTED_REASONS, Penalties, PenaltyConfig, RateConfig, RateLimiter
 from node.transport.base import Reason
 
 A, B = "a" * 32, "b" * 32
@@ -94,3 +94,23 @@ def test_a_config_that_could_never_ban_or_never_end_one_is_refused() -> None:
         PenaltyConfig(threshold=0)
     with pytest.raises(ValueError, match="max_ban_s"):
         PenaltyConfig(ban_s=10.0, max_ban_s=5.0)
+
+
+def test_a_sender_may_burst_then_keep_up_its_rate_and_no_more() -> None:
+    clock = ManualClock()
+    limiter = RateLimiter(RateConfig(rate=10.0, burst=5.0), clock)
+    assert [limiter.allow("a") for _ in range(6)] == [True] * 5 + [False]
+    assert limiter.allow("b")  # each sender has a bucket of its own
+    clock.advance(0.1)  # one token back
+    assert [limiter.allow("a") for _ in range(2)] == [True, False]
+    clock.advance(10.0)  # a quiet spell refills to the burst, not beyond
+    assert sum(limiter.allow("a") for _ in range(20)) == 5
+
+
+def test_the_rate_limiter_forgets_the_least_recent_senders() -> None:
+    limiter = RateLimiter(RateConfig(rate=1.0, burst=1.0, max_tracked=3), ManualClock())
+    assert limiter.allow("a")
+    assert not limiter.allow("a")
+    for other in ("b", "c", "d"):  # pushes "a" out, so it starts with a full bucket again
+        limiter.allow(other)
+    assert limiter.allow("a")
