@@ -168,6 +168,13 @@ def _add_run_parser(sub: Any) -> None:
         help="local step budget (default: until stopped)",
     )
     p.add_argument("--eval-every", dest="trainer.eval_every", type=int, default=s)
+    p.add_argument(
+        "--slowdown",
+        dest="trainer.slowdown",
+        type=float,
+        default=s,
+        help="make every step X times as long (a straggler, for tests and benchmarks)",
+    )
     _add_gossip_flags(p, suppress=True)
     _add_mqtt_flags(p)
     p.set_defaults(func=_cmd_run)

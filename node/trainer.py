@@ -25,11 +25,18 @@ class TrainerConfig:
     steps: local step budget; None trains until stopped.
     eval_every: evaluate on the task's eval data every this many steps (and at the end).
     seed: seeds batch order (each node passes its own).
+    slowdown: make each step this many times as long as it takes, by waiting after it (>= 1;
+        emulates a slow device in tests, benchmarks and the testbed).
     """
 
     steps: int | None = None
     eval_every: int = 100
     seed: int = 0
+    slowdown: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.slowdown < 1:
+            raise ValueError(f"slowdown must be at least 1, got {self.slowdown}")
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,7 @@ class Trainer:
             batches = _batches(self.task, self.device, self.cfg.seed)
             budget = self.cfg.steps
             while not self._stop.is_set() and (budget is None or self.step < budget):
+                began = time.perf_counter()
                 inputs, targets = next(batches)
                 loss = self._train_step(inputs, targets)
                 self.samples += len(targets)
@@ -168,6 +176,10 @@ class Trainer:
                 # Let a thread that waits for the model lock (the gossip worker) have it: Python
                 # would otherwise hand the lock straight back to this loop, starving gossip.
                 time.sleep(0)
+                if self.cfg.slowdown > 1:
+                    # Outside the model lock: a slow device is slow to compute, and its gossip
+                    # worker still mixes meanwhile. Wakes at once when the node stops.
+                    self._stop.wait((self.cfg.slowdown - 1) * (time.perf_counter() - began))
                 if self.step % self.cfg.eval_every == 0:
                     self._on_eval(self.evaluate())
             finished = budget is not None and self.step >= budget
