@@ -13,14 +13,14 @@ import torch
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
-from gossip.swim import MemberRecord, Swim, SwimConfig, SwimMessage
+from gossip.swim import MemberRecord, Outgoing, Swim, SwimConfig, SwimMessage
 from node.config import GossipConfig, NodeConfig
 from node.identity import Identity
 from node.node import MonotonicClock, Node
 from node.signing import public_key_der, record_signer
 from node.status import NodeStatus
 from node.trainer import TrainerConfig
-from node.transport.base import Reason, Rejected, SnapshotChunk, Transport
+from node.transport.base import Reason, Rejected, SnapshotChunk, Transport, Unreachable
 from node.transport.grpc import GrpcTransport
 from node.transport.memory import MemoryNetwork, MemoryTransport
 
@@ -135,17 +135,25 @@ class SwimResponder:
         return address
 
     async def stop(self) -> None:
-        for task in self._sends:
+        sends = list(self._sends)
+        for task in sends:
             task.cancel()
+        await asyncio.gather(*sends, return_exceptions=True)
         await self.transport.close(0)
 
     async def rpc_swim(self, protocol_version: int, message: SwimMessage) -> str:
         assert self.swim is not None
         for out in self.swim.receive(message):
-            task = asyncio.create_task(self.transport.call_swim(out.address, out.message, 1.0))
+            task = asyncio.create_task(self._send(out))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
         return self.node_id
+
+    async def _send(self, out: Outgoing) -> str:
+        try:
+            return await self.transport.call_swim(out.address, out.message, 1.0)
+        except (Rejected, Unreachable):  # a lost protocol message, as SWIM expects some to be
+            return ""
 
     def _busy(self) -> NoReturn:
         raise Rejected(Reason.NOT_READY, "this peer only answers the membership protocol")

@@ -95,12 +95,6 @@ class Live:
         )
         return bytes(call(iter(requests), timeout=CALL_TIMEOUT_S))
 
-    def stream_both(self, method: str, requests: Sequence[bytes]) -> list[bytes]:
-        call: grpc.StreamStreamMultiCallable[bytes, bytes] = self.channel.stream_stream(
-            METHOD + method
-        )
-        return [bytes(r) for r in call(iter(requests), timeout=CALL_TIMEOUT_S)]
-
     def stream_out(self, method: str, request: bytes) -> list[bytes]:
         call: grpc.UnaryStreamMultiCallable[bytes, bytes] = self.channel.unary_stream(
             METHOD + method
