@@ -71,6 +71,20 @@ def _add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         help="local steps between gossip rounds",
     )
     p.add_argument(
+        "--outer-lr",
+        dest="gossip.outer_lr",
+        type=float,
+        default=d,
+        help="DiLoCo-style outer Nesterov step on each round's change (e.g. 0.7; default off)",
+    )
+    p.add_argument(
+        "--outer-momentum",
+        dest="gossip.outer_momentum",
+        type=float,
+        default=d,
+        help="momentum of the outer step (0.9)",
+    )
+    p.add_argument(
         "--robust",
         dest="gossip.robust",
         action="store_true",

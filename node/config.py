@@ -42,6 +42,9 @@ class GossipConfig:
         Byzantine; at least that much of the farthest neighbours' pull is clipped.
     attack: for testing robustness only: this node publishes harmful but valid deltas
         (``scale``: 10·x, ``flip``: -x, ``random``: x plus unit Gaussian noise) and does not mix.
+    outer_lr: DiLoCo-style outer Nesterov step on each round's change of the model, with this
+        learning rate (gossip/outer.py); None: off.
+    outer_momentum: its Nesterov momentum.
     """
 
     topology: str = "exponential"
@@ -58,8 +61,14 @@ class GossipConfig:
     robust: bool = False
     byzantine_fraction: float = 0.25
     attack: str | None = None
+    outer_lr: float | None = None
+    outer_momentum: float = 0.9
 
     def __post_init__(self) -> None:
+        if self.outer_lr is not None and self.outer_lr <= 0:
+            raise ValueError(f"outer_lr must be positive, got {self.outer_lr}")
+        if not 0 <= self.outer_momentum < 1:
+            raise ValueError(f"outer_momentum must be in [0, 1), got {self.outer_momentum}")
         codec = "fp32" if self.codec == "none" else self.codec
         if codec not in CODECS:
             raise ValueError(f"unknown codec {self.codec!r}; known: none, {', '.join(CODECS)}")

@@ -20,6 +20,7 @@ import torch
 
 from gossip.clock import Clock
 from gossip.messages import Delta, SnapshotHeader
+from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
 from gossip.robust import AnomalyScore, clipped_consensus_step
 from node.flat import FlatParams
@@ -68,6 +69,7 @@ class Gossiper:
         robust: bool = False,
         byzantine_fraction: float = 0.25,
         attack: str | None = None,
+        outer: OuterNesterov | None = None,
     ) -> None:
         self.node_id = node_id
         self.state = state
@@ -83,6 +85,8 @@ class Gossiper:
         self._evicted: frozenset[str] = frozenset()
         self._seen: dict[str, tuple[int, torch.Tensor]] = {}  # peer: (session, replica value)
         self.attack = attack
+        #: DiLoCo's outer step on the change of each round (None: plain gossip).
+        self.outer = outer
         self._attack_rng = torch.Generator(device=state.device).manual_seed(0)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gossip")
 
@@ -202,6 +206,8 @@ class Gossiper:
                         )
                     else:
                         self.state.consensus_step(self.flat.flat, self.gamma, mix)
+                    if self.outer is not None:
+                        self.outer.step(self.flat.flat)
             return Delta(self.node_id, self.state.session, seq, step, payload, self.degree)
 
         return self._pool.submit(work)

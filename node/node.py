@@ -41,6 +41,7 @@ import torch
 
 from gossip.codecs import get_codec
 from gossip.messages import Delta, TaskFingerprint
+from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
 from node.checkpoint import (
     CHECKPOINT_FILE,
@@ -157,6 +158,7 @@ class Node:
             robust=g.robust,
             byzantine_fraction=g.byzantine_fraction,
             attack=g.attack,
+            outer=OuterNesterov(g.outer_lr, g.outer_momentum) if g.outer_lr else None,
         )
         trainer_cfg = dataclasses.replace(cfg.trainer, seed=cfg.seed * 1_000_003 + cfg.shard_index)
         self.trainer = Trainer(

@@ -163,3 +163,21 @@ async def test_the_same_state_dir_keeps_the_same_identity(tmp_path: Path) -> Non
     assert first.node_id == again.node_id
     assert len(first.node_id) == 32
     assert (tmp_path / "node_key.pem").stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_swarm_with_local_steps_and_an_outer_nesterov_step_trains(tmp_path: Path) -> None:
+    settings = {
+        "alpha": 0.5,
+        "trainer.steps": 300,
+        "gossip.local_steps": 10,
+        "gossip.outer_lr": 0.7,
+        "gossip.idle_round_interval_s": 1e9,
+    }
+    async with memory_swarm(tmp_path, 3, settings) as nodes:
+        for n in nodes:
+            await n.wait_until(n.training_finished.is_set, TIMEOUT_S)
+        for n in nodes:
+            assert n.gossiper.outer is not None
+            assert n.trainer.last_eval is not None
+            assert n.trainer.last_eval.accuracy >= 0.9
+            assert 5 <= n.counters.rounds <= 300 // 10 + 1  # a round at most every 10 steps
