@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
+from bench.swarms import train_to_the_end
 from node.config import GossipConfig
-from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
+from node.swarm import SwarmConfig
 from node.tasks import Shard, load_task
-from node.transport.base import Rejected, Unreachable
-from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
 CONFIGS = {
     "plain": {"insecure": True, "robust": False},
@@ -36,31 +33,8 @@ CONFIGS = {
 
 
 async def run_swarm(cfg: SwarmConfig, workdir: Path, batch: int) -> list[dict[str, float]]:
-    procs = [NodeProcess(i, workdir / f"node-{i}") for i in range(cfg.nodes)]
-    tls = provision(cfg, workdir, [p.state_dir for p in procs])
-    transport = GrpcTransport(GrpcTransportConfig(tls=tls))
-    try:
-        await procs[0].start(node_argv(cfg, 0, procs[0].state_dir, None), 120)
-        await asyncio.gather(
-            *(
-                p.start(node_argv(cfg, p.index, p.state_dir, procs[0].address), 120)
-                for p in procs[1:]
-            )
-        )
-        while True:  # a benchmark may poll: nothing here is asserted on timing
-            done = 0
-            for p in procs:
-                with contextlib.suppress(Unreachable, Rejected):
-                    done += (await transport.call_status(p.address, 5)).training_done
-            if done == len(procs):
-                break
-            await asyncio.sleep(0.5)
-    finally:
-        await asyncio.gather(*(p.stop(60) for p in procs))
-        await transport.close(0)
     out = []
-    for p in procs:
-        summary = json.loads((p.state_dir / "summary.json").read_text())
+    for summary in await train_to_the_end(cfg, workdir, together=True):
         seconds = summary["step"] * batch / summary["samples_per_s"]
         out.append(
             {

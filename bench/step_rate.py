@@ -12,50 +12,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from bench.swarms import train_to_the_end
 from node.config import GossipConfig
-from node.swarm import NodeProcess, SwarmConfig, node_argv
+from node.swarm import SwarmConfig
 from node.tasks import Shard, load_task
-from node.transport.base import Rejected, Unreachable
-from node.transport.grpc import GrpcTransport
-
-
-async def run_nodes(cfg: SwarmConfig, workdir: Path, gossip: bool) -> list[dict[str, float]]:
-    procs = [NodeProcess(i, workdir / f"node-{i}") for i in range(cfg.nodes)]
-    transport = GrpcTransport()
-    try:
-        await procs[0].start(
-            node_argv(cfg, 0, procs[0].state_dir, None, None if gossip else 1), 120
-        )
-        join = procs[0].address if gossip else None
-        await asyncio.gather(
-            *(
-                p.start(node_argv(cfg, p.index, p.state_dir, join, None if gossip else 1), 120)
-                for p in procs[1:]
-            )
-        )
-        while True:  # a benchmark may poll: nothing here is asserted on timing
-            done = 0
-            for p in procs:
-                with contextlib.suppress(Unreachable, Rejected):
-                    done += (await transport.call_status(p.address, 5)).training_done
-            if done == len(procs):
-                break
-            await asyncio.sleep(0.5)
-    finally:
-        await asyncio.gather(*(p.stop(60) for p in procs))
-        await transport.close(0)
-    out = []
-    for p in procs:
-        summary = json.loads((p.state_dir / "summary.json").read_text())
-        out.append({"samples_per_s": summary["samples_per_s"], "rounds": summary["rounds"]})
-    return out
 
 
 async def main() -> None:
@@ -76,8 +41,8 @@ async def main() -> None:
     batch = load_task(args.task)(Shard()).batch_size
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
-        off = await run_nodes(cfg, Path(tmp) / "off", gossip=False)
-        on = await run_nodes(cfg, Path(tmp) / "on", gossip=True)
+        off = await train_to_the_end(cfg, Path(tmp) / "off", together=False)
+        on = await train_to_the_end(cfg, Path(tmp) / "on", together=True)
         wall = time.monotonic() - t0
     rate_off = [r["samples_per_s"] / batch for r in off]
     rate_on = [r["samples_per_s"] / batch for r in on]

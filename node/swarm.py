@@ -76,6 +76,8 @@ class NodeProcess:
         self.address = ""
         self._log: IO[bytes] | None = None
         self._drain: asyncio.Task[None] | None = None
+        #: Set when the node says on stdout that it has spent its step budget.
+        self.trained = asyncio.Event()
 
     async def start(self, argv: list[str], timeout_s: float) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -105,8 +107,10 @@ class NodeProcess:
     async def _drain_stdout(self) -> None:
         assert self.proc is not None
         assert self.proc.stdout is not None
-        while await self.proc.stdout.readline():
-            pass
+        while line := await self.proc.stdout.readline():
+            with contextlib.suppress(ValueError):
+                if json.loads(line).get("event") == "trained":
+                    self.trained.set()
 
     def log_tail(self, lines: int = 20) -> str:
         path = self.state_dir / "node.log"
