@@ -1,10 +1,10 @@
 """Outbound links: this node's deltas delivered to one neighbour, in order, never blocking.
 
-The receiver's replica is a replicated log of this node's public copy x̂. The link keeps it so
-with the least it can send: deltas in sequence on a long-lived stream while all goes well, and a
-snapshot of x̂ (which restarts the log) when the neighbour is new, when it reports a gap, when it
-could not be reached, or when it fell so far behind that the bounded queue overflowed. Memory per
-link is bounded by the queue, however slow the neighbour.
+The receiver's replica is a replicated log of this node's public copy x̂. What to send is decided
+by the link's :class:`~gossip.outbox.Outbox` (deltas in sequence while all goes well, a snapshot of
+x̂ when the neighbour is new, reports a gap, could not be reached, or fell so far behind that the
+bounded queue overflowed); this module carries those decisions over a transport: deltas on a
+long-lived stream, snapshots by a call. Memory per link is bounded by the queue.
 
 A link is *busy* while ``window`` deltas are unacknowledged or queued. The node makes a new gossip
 round only when no healthy link is busy, so the rounds it makes are as fresh as the network can
@@ -18,13 +18,13 @@ import asyncio
 import io
 import logging
 import random
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import torch
 
 from gossip.messages import Delta, Member, SnapshotHeader
+from gossip.outbox import Outbox, OutboxConfig
 from node import wire
 from node.aio import cancel_and_wait
 from node.telemetry import Counters, LinkCounters
@@ -78,12 +78,9 @@ class PeerLink:
         self.stats = LinkCounters()
         self._snapshot = snapshot
         self._on_change = on_change
-        self._pending: deque[Delta] = deque()
+        self.outbox = Outbox(OutboxConfig(cfg.queue, cfg.window))
         self._wake = asyncio.Event()
         self._error: Exception | None = None
-        self._resync = True  # a new neighbour has no replica of us yet
-        self._synced_seq = -1
-        self._in_flight = 0
         self._stream: DeltaStream | None = None
         self._reader: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -115,19 +112,16 @@ class PeerLink:
     @property
     def healthy(self) -> bool:
         """Streaming deltas (not resyncing or backing off after a failure)."""
-        return self._stream is not None and not self._resync
+        return self._stream is not None and not self.outbox.needs_snapshot
 
     @property
     def busy(self) -> bool:
         """A healthy link that cannot take another round without it waiting in line."""
-        return self.healthy and self._in_flight + len(self._pending) >= self.cfg.window
+        return self.healthy and self.outbox.busy
 
     def offer(self, delta: Delta) -> None:
         """Queue a delta; never blocks. A full queue is dropped in favour of a resync."""
-        if len(self._pending) >= self.cfg.queue:
-            self._pending.clear()
-            self._resync = True
-        self._pending.append(delta)
+        self.outbox.offer(delta)
         self._wake.set()
         self._on_change()
 
@@ -136,7 +130,6 @@ class PeerLink:
     async def _drop_stream(self) -> None:
         reader, self._reader = self._reader, None
         stream, self._stream = self._stream, None
-        self._in_flight = 0
         if stream is not None:
             stream.cancel()
         if reader is not None:
@@ -146,7 +139,7 @@ class PeerLink:
         try:
             while True:
                 await stream.next_ack()
-                self._in_flight = max(0, self._in_flight - 1)
+                self.outbox.acked()
                 self._on_change()
         except (Rejected, Unreachable) as err:
             self._error = err  # handled by the sending loop, which this wakes
@@ -164,8 +157,7 @@ class PeerLink:
         self.stats.bytes_sent += nbytes
         self.counters.bytes_sent += nbytes
         self.counters.bytes_sent_fp32 += nbytes
-        self._synced_seq = header.seq
-        self._resync = False
+        self.outbox.snapshot_sent(header.seq)
         self._stream = await self.transport.open_delta_stream(self.peer.address)
         self._reader = asyncio.create_task(self._read_acks(self._stream))
         self._on_change()
@@ -173,23 +165,21 @@ class PeerLink:
     async def _send_delta(self, delta: Delta) -> None:
         assert self._stream is not None
         await self._stream.send(delta)
-        self._in_flight += 1
+        self.outbox.delta_sent(delta)
         nbytes = wire.delta_nbytes(delta)
         self.stats.deltas_sent += 1
         self.stats.bytes_sent += nbytes
         self.counters.bytes_sent += nbytes
         self.counters.bytes_sent_fp32 += wire.delta_fp32_nbytes(delta)
-        self._synced_seq = delta.seq
 
     async def _next_delta(self) -> Delta | None:
         """The next queued delta not covered by the last snapshot; None on a stream error."""
         while True:
             if self._error is not None:
                 return None
-            while self._pending:
-                delta = self._pending.popleft()
-                if delta.seq > self._synced_seq:
-                    return delta
+            delta = self.outbox.next_delta()
+            if delta is not None:
+                return delta
             self._wake.clear()
             await self._wake.wait()
 
@@ -197,7 +187,7 @@ class PeerLink:
         backoff = self.cfg.backoff_min_s
         while True:
             try:
-                if self._resync:
+                if self.outbox.needs_snapshot:
                     await self._send_snapshot()
                 delta = await self._next_delta()
                 if delta is None:
@@ -209,7 +199,7 @@ class PeerLink:
                 continue
             except Rejected as err:
                 await self._drop_stream()
-                self._resync = True
+                self.outbox.refused()
                 if err.reason in (Reason.GAP, Reason.STALE):
                     continue  # the snapshot repairs it
                 self.stats.failures += 1
@@ -226,8 +216,7 @@ class PeerLink:
                     log.exception("link to %s failed", self.peer.node_id[:8])
                 await self._drop_stream()
                 self.stats.failures += 1
-                self._resync = True
-                self._pending.clear()
+                self.outbox.lost()
                 log.debug("%s unreachable: %s", self.peer.node_id[:8], err)
             finally:
                 self._on_change()
