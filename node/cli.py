@@ -189,6 +189,14 @@ def _add_run_parser(sub: Any) -> None:
         default=s,
         help="make every step X times as long (a straggler, for tests and benchmarks)",
     )
+    p.add_argument(
+        "--step-time",
+        dest="trainer.step_time",
+        type=float,
+        default=s,
+        metavar="SECONDS",
+        help="emulate a device whose step takes at least this long (waits out the rest)",
+    )
     _add_gossip_flags(p, suppress=True)
     _add_mqtt_flags(p)
     p.set_defaults(func=_cmd_run)

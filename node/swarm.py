@@ -18,6 +18,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -57,6 +58,10 @@ class SwarmConfig:
     progress_interval_s: float = 1.0
     #: Plain TCP between the nodes instead of mutual TLS from a throwaway CA.
     insecure: bool = False
+    #: Emulated device pace: every node's step takes at least this long (``--step-time``).
+    step_time: float = 0.0
+    #: Stragglers: node index -> how many times slower it steps (``--slowdown``).
+    slowdowns: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -204,6 +209,10 @@ def node_argv(
         argv += ["--join", join]
     if cfg.insecure:
         argv.append("--insecure")
+    if cfg.step_time:
+        argv += ["--step-time", str(cfg.step_time)]
+    if index in cfg.slowdowns:
+        argv += ["--slowdown", str(cfg.slowdowns[index])]
     return argv
 
 

@@ -25,18 +25,29 @@ class TrainerConfig:
     steps: local step budget; None trains until stopped.
     eval_every: evaluate on the task's eval data every this many steps (and at the end).
     seed: seeds batch order (each node passes its own).
-    slowdown: make each step this many times as long as it takes, by waiting after it (>= 1;
-        emulates a slow device in tests, benchmarks and the testbed).
+    step_time: emulate a device whose step takes at least this many seconds: a step that
+        computes faster waits out the rest. Gives each node of a swarm on one machine a pace of
+        its own, as separate devices have, instead of all of them sharing the cores.
+    slowdown: make each step this many times as long as it naturally takes (its compute time,
+        or ``step_time`` when that is longer), by waiting after it (>= 1; emulates a slow device
+        in tests, benchmarks and the testbed).
     """
 
     steps: int | None = None
     eval_every: int = 100
     seed: int = 0
+    step_time: float = 0.0
     slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         if self.slowdown < 1:
             raise ValueError(f"slowdown must be at least 1, got {self.slowdown}")
+        if self.step_time < 0:
+            raise ValueError(f"step_time must not be negative, got {self.step_time}")
+
+    def wait_after(self, compute_s: float) -> float:
+        """Seconds to wait after a step that computed for ``compute_s``."""
+        return max(compute_s, self.step_time) * self.slowdown - compute_s
 
 
 @dataclass(frozen=True)
@@ -176,10 +187,11 @@ class Trainer:
                 # Let a thread that waits for the model lock (the gossip worker) have it: Python
                 # would otherwise hand the lock straight back to this loop, starving gossip.
                 time.sleep(0)
-                if self.cfg.slowdown > 1:
+                wait = self.cfg.wait_after(time.perf_counter() - began)
+                if wait > 0:
                     # Outside the model lock: a slow device is slow to compute, and its gossip
                     # worker still mixes meanwhile. Wakes at once when the node stops.
-                    self._stop.wait((self.cfg.slowdown - 1) * (time.perf_counter() - began))
+                    self._stop.wait(wait)
                 if self.step % self.cfg.eval_every == 0:
                     self._on_eval(self.evaluate())
             finished = budget is not None and self.step >= budget

@@ -23,7 +23,12 @@ pytestmark = pytest.mark.e2e
 
 NODES, STEPS, SLOWDOWN = 4, 600, 5.0
 CFG = SwarmConfig(
-    nodes=NODES, steps=STEPS, alpha=0.5, eval_every=100, gossip=GossipConfig(codec="int8")
+    nodes=NODES,
+    steps=STEPS,
+    alpha=0.5,
+    eval_every=100,
+    gossip=GossipConfig(codec="int8"),
+    slowdowns={NODES - 1: SLOWDOWN},  # the last node is the straggler
 )
 TIMEOUT_S = 600.0
 
@@ -47,8 +52,6 @@ async def test_the_fast_nodes_do_not_wait_for_a_straggler(tmp_path: Path) -> Non
     try:
         for p in procs:
             argv = node_argv(CFG, p.index, p.state_dir, procs[0].address if p.index else None)
-            if p is straggler:
-                argv += ["--slowdown", str(SLOWDOWN)]
             await p.start(argv, 120)
         async with asyncio.timeout(TIMEOUT_S):  # each node says when its budget is spent
             await asyncio.gather(*(p.trained.wait() for p in fast))

@@ -153,6 +153,7 @@ async def test_two_nodes_train_report_and_stop_cleanly(
         (["--device", "tpu", "--insecure"], "unknown device"),
         (["--task", "no.such:thing", "--insecure"], "cannot import no.such"),
         (["--listen", "nowhere"], "is not host:port"),
+        (["--step-time", "-1", "--insecure"], "step_time must not be negative"),
         (["--join", "127.0.0.1:9", "--wait-timeout", "0.5", "--insecure"], "did not answer"),
         ([], "murmur ca issue"),  # no certificate, and no --insecure
     ],
