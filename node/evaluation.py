@@ -23,6 +23,7 @@ from node.trainer import Trainer, TrainerConfig
 __all__ = [
     "NodeResult",
     "RunReport",
+    "average_states",
     "distances_to_average",
     "evaluate_run",
     "parameter_names",
@@ -120,6 +121,14 @@ def distances_to_average(
     return ((flat - flat.mean(dim=0)) ** 2).sum(dim=1)
 
 
+def average_states(states: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The entry-wise mean of several models' state dicts (computed in float64)."""
+    return {
+        key: torch.stack([s[key].double() for s in states]).mean(dim=0).to(states[0][key].dtype)
+        for key in states[0]
+    }
+
+
 def evaluate_run(
     state_dirs: list[Path], task_spec: str, seed: int, device: torch.device | str = "cpu"
 ) -> RunReport:
@@ -151,11 +160,7 @@ def evaluate_run(
         )
     names = [name for name, _ in model.named_parameters()]
     distance = float(distances_to_average(states, names).mean())
-    averaged = {
-        key: torch.stack([s[key].double() for s in states]).mean(dim=0).to(states[0][key].dtype)
-        for key in states[0]
-    }
-    model.load_state_dict(averaged)
+    model.load_state_dict(average_states(states))
     avg_loss, avg_acc = evaluate(model, task.eval, task.loss, device)
     return RunReport(tuple(results), avg_loss, avg_acc, distance)
 
