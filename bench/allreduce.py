@@ -46,6 +46,8 @@ class AllReduceConfig:
     slowdowns: Mapping[int, float] = field(default_factory=dict)
     #: Stop every worker once the model reaches this accuracy (None: spend the step budget).
     target: float | None = None
+    #: Stop every worker at the first evaluation after this many seconds of training.
+    limit_s: float | None = None
 
 
 def worker_argv(cfg: AllReduceConfig, rank: int, master: str, out: Path) -> list[str]:
@@ -79,6 +81,8 @@ def worker_argv(cfg: AllReduceConfig, rank: int, master: str, out: Path) -> list
         argv += ["--alpha", str(cfg.alpha)]
     if cfg.target is not None:
         argv += ["--target", str(cfg.target)]
+    if cfg.limit_s is not None:
+        argv += ["--limit", str(cfg.limit_s)]
     return argv
 
 
@@ -173,7 +177,7 @@ def _worker(args: argparse.Namespace) -> None:
     dist.barrier()
     started = time.perf_counter()
     step = 0
-    reached = torch.zeros(1)
+    stop = torch.zeros(1)
     while step < args.steps:
         began = time.perf_counter()
         inputs, targets = next(batches)
@@ -188,12 +192,13 @@ def _worker(args: argparse.Namespace) -> None:
         if step % args.eval_every == 0 or step == args.steps:
             _, acc = evaluate(task.model, task.eval, task.loss, torch.device("cpu"))
             evals.append({"t": time.perf_counter() - started, "step": step, "accuracy": acc})
-            if args.target is not None:
-                # Every worker holds the same model, so all see the same accuracy; agree anyway.
-                reached.fill_(float(acc >= args.target))
-                dist.all_reduce(reached, op=dist.ReduceOp.MIN)
-                if reached.item() > 0:
-                    break
+            reached = args.target is not None and acc >= args.target
+            late = args.limit is not None and evals[-1]["t"] > args.limit
+            # All must stop at the same step or the next all-reduce waits forever: agree.
+            stop.fill_(float(reached or late))
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item() > 0:
+                break
     elapsed = time.perf_counter() - started
     dist.barrier()
     dist.destroy_process_group()
@@ -231,6 +236,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         p.add_argument("--step-time", type=float, default=0.0)
         p.add_argument("--slowdown", type=float, default=1.0)
         p.add_argument("--target", type=float, default=None)
+        p.add_argument("--limit", type=float, default=None)
     parser.add_argument("--world", type=int, default=4)
     return parser.parse_args(argv)
 
@@ -250,6 +256,7 @@ def main(argv: list[str]) -> None:
         step_time=args.step_time,
         slowdowns={args.world - 1: args.slowdown} if args.slowdown > 1 else {},
         target=args.target,
+        limit_s=args.limit,
     )
     import tempfile
 

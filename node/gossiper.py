@@ -83,6 +83,7 @@ class Gossiper:
         self.byzantine_fraction = byzantine_fraction
         self.anomaly = AnomalyScore()
         self._evicted: frozenset[str] = frozenset()
+        self._silenced: set[str] = set()  # neighbours out of the mix for their silence
         self._seen: dict[str, tuple[int, torch.Tensor]] = {}  # peer: (session, replica value)
         self.attack = attack
         #: DiLoCo's outer step on the change of each round (None: plain gossip).
@@ -119,6 +120,11 @@ class Gossiper:
         await self._on_worker(work)
 
     @property
+    def silenced(self) -> frozenset[str]:
+        """Neighbours out of the mix because they have been silent too long."""
+        return frozenset(self._silenced)
+
+    @property
     def degree(self) -> int:
         return len(self._neighbours)
 
@@ -135,8 +141,18 @@ class Gossiper:
         for peer in self._neighbours:
             replica = self.state.replicas.get(peer)
             silent = self.state.silent_for(peer)
-            if replica is not None and silent is not None and silent <= self.silence_limit_s:
-                mix[peer] = 1.0 / (1 + max(mine, replica.degree))
+            if replica is None or silent is None:
+                continue
+            if silent > self.silence_limit_s:
+                if peer not in self._silenced:
+                    self._silenced.add(peer)
+                    log.warning("%s silent for %.1f s: out of the mix till it speaks", peer, silent)
+                continue
+            if peer in self._silenced:
+                self._silenced.discard(peer)
+                log.info("%s speaks again: back in the mix", peer)
+            mix[peer] = 1.0 / (1 + max(mine, replica.degree))
+        self._silenced &= self._neighbours
         return mix
 
     def _score_neighbours(self) -> None:

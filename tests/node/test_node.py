@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from pathlib import Path
 
@@ -94,7 +95,10 @@ async def test_lost_deltas_are_repaired_by_snapshots(tmp_path: Path) -> None:
         )
 
 
-async def test_a_silent_neighbour_leaves_the_mix_and_training_goes_on(tmp_path: Path) -> None:
+async def test_a_silent_neighbour_leaves_the_mix_and_training_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="node.gossiper")
     silent: set[str] = set()
     network = MemoryNetwork(drop=lambda caller, callee, _: caller in silent)
     # Never declared dead (no suspicion timeout), so only its silence takes it out of the mix.
@@ -117,6 +121,14 @@ async def test_a_silent_neighbour_leaves_the_mix_and_training_goes_on(tmp_path: 
         assert await out_of_mix()
         still = next(s for s in (await a.status()).neighbours if s.node_id == b.node_id)
         assert still.in_mix
+        assert f"{dead.node_id} silent for" in caplog.text
+
+        # It speaks again: back in the mix.
+        assert dead.node_id in a.gossiper.silenced
+        silent.clear()
+        await a.wait_until(lambda: dead.node_id not in a.gossiper.silenced, TIMEOUT_S)
+        assert not await out_of_mix()
+        assert f"{dead.node_id} speaks again: back in the mix" in caplog.text
 
 
 async def test_a_node_refuses_a_swarm_that_trains_something_else(tmp_path: Path) -> None:

@@ -1,0 +1,300 @@
+"""Slow links: how soon the averaged model reaches a target, murmur (int8, 1-bit, fp32) against
+the all-reduce baseline, every node in its own network namespace behind a shaped link.
+
+    .venv/bin/python -m bench.slow_links [--nodes 4] [--rate 20mbit] [--delay 20ms] [--loss 0]
+        [--target 0.9] [--limit 300] [--systems int8,sign,fp32,all-reduce]
+
+Needs root (namespaces and tc). Each node gets namespace ``mmb-n<i>`` with an ``eth0`` on a bridge
+in the root namespace; ``scripts/shape-link`` shapes both directions of its link (the node's
+uplink inside the namespace, its downlink on the bridge side): netem where the kernel has it,
+else the rate alone through tbf (the script says what it could not apply, and so does the table).
+Everything the bench makes is named ``mmb-*`` and removed at the end, on failure too, and before
+it starts (left over from a run that was killed).
+
+The task is the wide MLP on digits (bench/wide_task.py, about 1.1M parameters), so that a model
+on the wire takes seconds at edge rates. murmur nodes write a checkpoint every ``--poll`` seconds;
+the bench averages the latest ones and evaluates that model, which gives the averaged model's
+accuracy over time. The all-reduce workers hold one model and evaluate it every other step. Bytes
+per node are counted twice: by the node (model bytes it sent) and outside it, on the bridge side
+of its link (everything it put on the wire: gossip, membership, gRPC framing, TCP/IP headers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.allreduce import AllReduceConfig, run_allreduce
+from bench.swarms import start_swarm
+from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from node.config import GossipConfig
+from node.evaluation import average_states
+from node.swarm import NodeProcess, SwarmConfig
+from node.tasks import Shard, load_task
+from node.tasks.base import evaluate
+
+TASK = "bench.wide_task:make_task"
+PREFIX = "mmb"
+SUBNET = "10.77.0"
+SHAPE = str(Path(__file__).resolve().parent.parent / "scripts" / "shape-link")
+
+
+def sh(*argv: str, check: bool = True) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def succeeds(*argv: str) -> bool:
+    return subprocess.run(argv, capture_output=True, check=False).returncode == 0
+
+
+@dataclass
+class Testnet:
+    """``n`` namespaces on one bridge, each link shaped."""
+
+    n: int
+    rate: str
+    delay: str
+    loss: str
+    applied: str = ""
+
+    def namespace(self, i: int) -> str:
+        return f"{PREFIX}-n{i}"
+
+    def address(self, i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+    def prefix(self, i: int) -> list[str]:
+        return ["ip", "netns", "exec", self.namespace(i)]
+
+    def sent_bytes(self, i: int) -> int:
+        """What node ``i`` put on the wire: its link's bytes as they arrive at the bridge."""
+        return int(Path(f"/sys/class/net/{PREFIX}-v{i}/statistics/rx_bytes").read_text())
+
+    def __enter__(self) -> Testnet:
+        self.clean()
+        try:
+            self._build()
+        except BaseException:
+            self.clean()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.clean()
+
+    def _build(self) -> None:
+        bridge = f"{PREFIX}-br"
+        sh("ip", "link", "add", bridge, "type", "bridge")
+        sh("ip", "addr", "add", f"{SUBNET}.254/24", "dev", bridge)
+        sh("ip", "link", "set", bridge, "up")
+        # A Docker engine on this host drops forwarded bridge traffic unless told otherwise.
+        if _bridge_filtered():
+            sh("iptables", "-I", "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT")
+        shaping = []
+        for i in range(self.n):
+            ns, outside, inside = self.namespace(i), f"{PREFIX}-v{i}", f"{PREFIX}-p{i}"
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+            sh("ip", "link", "set", inside, "netns", ns)
+            sh(*self.prefix(i), "ip", "link", "set", inside, "name", "eth0")
+            sh(*self.prefix(i), "ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
+            sh(*self.prefix(i), "ip", "link", "set", "eth0", "up")
+            sh(*self.prefix(i), "ip", "link", "set", "lo", "up")
+            sh("ip", "link", "set", outside, "master", bridge, "up")
+            up = ["--rate", self.rate, "--delay", self.delay, "--loss", self.loss]
+            shaping.append(sh(*self.prefix(i), SHAPE, "eth0", *up))
+            sh(SHAPE, outside, "--rate", self.rate)  # the downlink: the rate only
+        self.applied = shaping[0]
+
+    def clean(self) -> None:
+        for ns in sh("ip", "netns", "list", check=False).splitlines():
+            name = ns.split()[0] if ns.split() else ""
+            if name.startswith(f"{PREFIX}-n"):
+                sh("ip", "netns", "del", name, check=False)  # takes its veth pair along
+        bridge = f"{PREFIX}-br"
+        if Path(f"/sys/class/net/{bridge}").exists():
+            if _bridge_filtered():
+                rule = ["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
+                while succeeds("iptables", "-D", *rule):
+                    pass
+            sh("ip", "link", "del", bridge, check=False)
+
+
+def _bridge_filtered() -> bool:
+    flag = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+    return succeeds("which", "iptables") and flag.exists() and flag.read_text().strip() == "1"
+
+
+class AveragedModel:
+    """Evaluates the average of the nodes' latest checkpoints."""
+
+    def __init__(self, dirs: list[Path]) -> None:
+        self.dirs = dirs
+        self.task = _task()
+
+    def accuracy(self) -> float | None:
+        paths = [d / CHECKPOINT_FILE for d in self.dirs]
+        if not all(p.exists() for p in paths):
+            return None
+        states = []
+        for p in paths:
+            try:
+                states.append(dict(load_checkpoint(p).model))
+            except (OSError, ValueError):
+                return None  # the checkpoint appears between our exists() and our read
+        self.task.model.load_state_dict(average_states(states))
+        _, acc = evaluate(self.task.model, self.task.eval, self.task.loss, torch.device("cpu"))
+        return acc
+
+
+def _task() -> Any:
+    torch.manual_seed(0)
+    return load_task(TASK)(Shard())
+
+
+async def murmur_run(
+    net: Testnet, codec: str, target: float, limit_s: float, poll_s: float, workdir: Path
+) -> dict[str, Any]:
+    cfg = SwarmConfig(
+        nodes=net.n,
+        steps=10**7,  # trains until the bench stops it
+        task=TASK,
+        alpha=0.5,
+        eval_every=10**7,  # the bench evaluates the averaged model instead
+        gossip=GossipConfig(codec=codec),
+        insecure=True,  # plain TCP, so the interface counts compare with the node's own
+    )
+
+    def hook(i: int, argv: list[str]) -> list[str]:
+        argv = list(argv)
+        argv[argv.index("--listen") + 1] = f"{net.address(i)}:7070"
+        return [*net.prefix(i), *argv, "--checkpoint-interval", str(poll_s)]
+
+    before = [net.sent_bytes(i) for i in range(net.n)]
+    procs: list[NodeProcess] = await start_swarm(cfg, workdir, together=True, hook=hook)
+    watcher = AveragedModel([p.state_dir for p in procs])
+    started = time.monotonic()
+    reached, curve = None, []
+    try:
+        while time.monotonic() - started < limit_s:
+            await asyncio.sleep(poll_s)  # checkpoints come every poll_s: nothing to wait on
+            acc = await asyncio.to_thread(watcher.accuracy)
+            if acc is None:
+                continue
+            t = time.monotonic() - started
+            curve.append((round(t, 1), round(acc, 4)))
+            if acc >= target:
+                reached = t
+                break
+    finally:
+        await asyncio.gather(*(p.stop(60) for p in procs))
+    summaries = [json.loads((p.state_dir / "summary.json").read_text()) for p in procs]
+    wire = [net.sent_bytes(i) - before[i] for i in range(net.n)]
+    return {
+        "reached_s": reached,
+        "accuracy": curve[-1][1] if curve else float("nan"),
+        "steps": sum(s["step"] for s in summaries) / net.n,
+        "rounds": sum(s["rounds"] for s in summaries) / net.n,
+        "node_bytes": sum(s["bytes_sent"] for s in summaries) / net.n,
+        "wire_bytes": sum(wire) / net.n,
+        "curve": curve,
+    }
+
+
+async def allreduce_run(
+    net: Testnet, target: float, limit_s: float, workdir: Path
+) -> dict[str, Any]:
+    cfg = AllReduceConfig(
+        world=net.n, steps=10**7, task=TASK, alpha=0.5, eval_every=2, target=target, limit_s=limit_s
+    )
+    before = [net.sent_bytes(i) for i in range(net.n)]
+    results = await run_allreduce(
+        cfg,
+        workdir,
+        master=f"{net.address(0)}:29500",
+        prefix=net.prefix,
+        env=lambda rank: {"GLOO_SOCKET_IFNAME": "eth0"},
+        timeout_s=limit_s + 300,
+    )
+    wire = [net.sent_bytes(i) - before[i] for i in range(net.n)]
+    evals = results[0]["evals"]
+    hit = [e["t"] for e in evals if e["accuracy"] >= target]
+    return {
+        "reached_s": hit[0] if hit else None,
+        "accuracy": evals[-1]["accuracy"],
+        "steps": results[0]["steps"],
+        "rounds": results[0]["steps"],
+        "node_bytes": sum(r["bytes_sent_model"] for r in results) / net.n,
+        "wire_bytes": sum(wire) / net.n,
+        "curve": [(round(e["t"], 1), round(e["accuracy"], 4)) for e in evals],
+    }
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--rate", default="20mbit")
+    parser.add_argument("--delay", default="20ms")
+    parser.add_argument("--loss", default="0")
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--limit", type=float, default=300.0, help="seconds per system")
+    parser.add_argument("--poll", type=float, default=2.0)
+    parser.add_argument("--systems", default="int8,sign,fp32,all-reduce")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    results: dict[str, dict[str, Any]] = {}
+    t0 = time.monotonic()
+    net = Testnet(args.nodes, args.rate, args.delay, args.loss)
+    with net, tempfile.TemporaryDirectory() as tmp:
+        print(f"links: {net.applied}", flush=True)
+        for system in args.systems.split(","):
+            workdir = Path(tmp) / system
+            if system == "all-reduce":
+                results[system] = await allreduce_run(net, args.target, args.limit, workdir)
+            else:
+                results[system] = await murmur_run(
+                    net, system, args.target, args.limit, args.poll, workdir
+                )
+            r = results[system]
+            print(f"{system}: reached {r['reached_s']} s, accuracy {r['accuracy']}", flush=True)
+    wall = time.monotonic() - t0
+    print(
+        f"\n# {args.nodes} nodes, wide MLP (1.1M parameters), links: {net.applied}; "
+        f"target {args.target} for the averaged model, limit {args.limit:.0f} s "
+        f"({wall:.0f} s in all)"
+    )
+    print(
+        "| system | time to target (s) | vs all-reduce | steps per node | rounds per node | "
+        "MB sent per node (node's count) | MB per node (interface) | accuracy at the end |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    base = results.get("all-reduce", {}).get("reached_s")
+    for system, r in results.items():
+        reached = r["reached_s"]
+        when = f"{reached:.0f}" if reached is not None else f"not in {args.limit:.0f}"
+        ratio = f"{reached / base:.2f}" if reached is not None and base else "-"
+        name = "all-reduce (fp32 gradients)" if system == "all-reduce" else f"murmur {system}"
+        print(
+            f"| {name} | {when} | {ratio} | {r['steps']:.0f} | {r['rounds']:.0f} | "
+            f"{r['node_bytes'] / 1e6:.1f} | {r['wire_bytes'] / 1e6:.1f} | {r['accuracy']:.3f} |"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
