@@ -136,14 +136,17 @@ class Membership:
         except (Unreachable, Rejected) as err:
             log.debug("swim %s to %s: %s", out.message.kind, out.address, err)
 
-    async def check_address(self, address: str) -> str:
+    async def check_address(self, address: str, timeout_s: float) -> str:
         """Ping ``address`` once, now; returns the id of the node that answers there.
 
+        The deadline is the caller's, not a ping timeout: this is a one-off check of a joiner,
+        whose first connection may queue behind a model transfer on a slow link.
+
         Raises:
-            Unreachable, Rejected: nobody (or no murmur node) answers within a ping timeout.
+            Unreachable, Rejected: nobody (or no murmur node) answers within ``timeout_s``.
         """
         out = self.swim.ping(address)
-        return await self.transport.call_swim(out.address, out.message, self.timeout_s)
+        return await self.transport.call_swim(out.address, out.message, timeout_s)
 
     async def leave(self, first: Iterable[str], fanout: int) -> None:
         """Tell ``first`` (the neighbours) and others, ``fanout`` in all, that this node leaves,

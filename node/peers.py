@@ -192,7 +192,9 @@ class Peers:
                 Reason.IDENTITY, "your member record is not signed by the key of its node id"
             )
         try:
-            answered = await self.membership.check_address(joiner.address)
+            # Half the joiner's deadline for its hello, so that our answer still reaches it.
+            callback_s = self.cfg.call_timeout_s / 2
+            answered = await self.membership.check_address(joiner.address, callback_s)
         except (Unreachable, Rejected) as err:
             raise Rejected(
                 Reason.BAD_ADDRESS,
