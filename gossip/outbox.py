@@ -58,7 +58,8 @@ class Outbox:
 
     @property
     def busy(self) -> bool:
-        """Another round now would only wait in line behind ``window`` others."""
+        """Another round now would only wait in line behind ``window`` others (unacknowledged or
+        queued; while a snapshot travels, queued ones)."""
         return self.in_flight + len(self._pending) >= self.cfg.window
 
     def offer(self, delta: Delta) -> None:
@@ -77,8 +78,10 @@ class Outbox:
                 return delta
         return None
 
-    def snapshot_sent(self, seq: int) -> None:
-        """The neighbour's replica restarted from x̂ at ``seq``; earlier deltas are moot."""
+    def snapshot_taken(self, seq: int) -> None:
+        """A snapshot of x̂ at ``seq`` is on its way: deltas up to ``seq`` are moot. Call it when
+        x̂ is read, before the snapshot is sent: an overflow while it travels owes another, and a
+        failed send calls :meth:`lost`."""
         self.synced_seq = seq
         self.needs_snapshot = False
         self.in_flight = 0

@@ -82,6 +82,7 @@ class PeerLink:
         self._wake = asyncio.Event()
         self._error: Exception | None = None
         self._stream: DeltaStream | None = None
+        self._sending_snapshot = False
         self._reader: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -116,8 +117,11 @@ class PeerLink:
 
     @property
     def busy(self) -> bool:
-        """A healthy link that cannot take another round without it waiting in line."""
-        return self.healthy and self.outbox.busy
+        """A link that cannot take another round without it waiting in line: streaming with
+        ``window`` deltas unacknowledged or queued, or sending a snapshot with ``window`` queued
+        behind it. A link backing off after a failure is never busy, so a dead neighbour does
+        not hold up the others' rounds."""
+        return (self.healthy or self._sending_snapshot) and self.outbox.busy
 
     def offer(self, delta: Delta) -> None:
         """Queue a delta; never blocks. A full queue is dropped in favour of a resync."""
@@ -149,15 +153,21 @@ class PeerLink:
         # The old stream goes first: a snapshot must not overtake deltas it already covers.
         await self._drop_stream()
         header, values = await self._snapshot()
-        await self.transport.call_push_snapshot(
-            self.peer.address, header, values, self.cfg.call_timeout_s
-        )
+        self.outbox.snapshot_taken(header.seq)
+        self._sending_snapshot = True
+        try:
+            await self.transport.call_push_snapshot(
+                self.peer.address, header, values, self.cfg.call_timeout_s
+            )
+        finally:
+            self._sending_snapshot = False
         nbytes = wire.snapshot_nbytes(header)
         self.stats.snapshots_sent += 1
         self.stats.bytes_sent += nbytes
         self.counters.bytes_sent += nbytes
         self.counters.bytes_sent_fp32 += nbytes
-        self.outbox.snapshot_sent(header.seq)
+        if self.outbox.needs_snapshot:
+            return  # the queue overflowed meanwhile: the loop sends a fresher one
         self._stream = await self.transport.open_delta_stream(self.peer.address)
         self._reader = asyncio.create_task(self._read_acks(self._stream))
         self._on_change()
@@ -189,6 +199,7 @@ class PeerLink:
             try:
                 if self.outbox.needs_snapshot:
                     await self._send_snapshot()
+                    continue
                 delta = await self._next_delta()
                 if delta is None:
                     err, self._error = self._error, None

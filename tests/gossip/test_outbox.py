@@ -70,7 +70,7 @@ class Link:
             seq, values = self.sender.snapshot()
             self.channel.clear()  # a snapshot goes on a fresh stream; the old one is dropped
             self.channel.append(Snapshot(seq, values))
-            self.outbox.snapshot_sent(seq)
+            self.outbox.snapshot_taken(seq)
             self.snapshots += 1
             return
         delta = self.outbox.next_delta()
@@ -212,7 +212,7 @@ def test_a_slow_receiver_keeps_up_by_deltas_while_the_queue_holds() -> None:
 
 def test_busy_counts_unacknowledged_and_queued_deltas() -> None:
     outbox = Outbox(OutboxConfig(queue=4, window=2))
-    outbox.snapshot_sent(0)
+    outbox.snapshot_taken(0)
     payload = get_codec("fp32", 64).compress(torch.ones(4)).encoded
     outbox.offer(Delta("s", 1, 1, 0, payload))
     one_queued = outbox.busy
@@ -230,3 +230,15 @@ def test_busy_counts_unacknowledged_and_queued_deltas() -> None:
 def test_config_refuses_empty_queue_or_window(queue: int, window: int) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         OutboxConfig(queue=queue, window=window)
+
+
+def test_an_overflow_while_a_snapshot_travels_owes_another() -> None:
+    link = Link(queue=2)
+    link.send()  # the first snapshot leaves...
+    for _ in range(3):
+        link.round()  # ...and three rounds overflow a queue of two behind it
+    assert link.outbox.needs_snapshot
+    link.arrive()
+    link.settle()
+    link.assert_in_sync()
+    assert link.snapshots == 2
