@@ -390,24 +390,30 @@ class GrpcTransport:
             )
         return f"{host}:{port}"
 
-    def _stub(self, address: str) -> murmur_pb2_grpc.MurmurStub:
-        entry = self._channels.get(address)
+    def _stub(self, address: str, lane: str = "bulk") -> murmur_pb2_grpc.MurmurStub:
+        """The stub for ``address`` on one of two connections: ``bulk`` carries models (deltas,
+        snapshots, pulls), ``control`` the small, deadline-bound calls (membership pings, hellos,
+        status). On a slow link a ping on the bulk connection would wait behind megabytes of
+        model in its socket buffer and time out: a false suspicion."""
+        key = f"{lane} {address}"
+        entry = self._channels.get(key)
         if entry is None:
+            # A channel pool of its own, so that the two lanes never share a connection.
+            options = [*self.cfg.channel_options(), ("grpc.use_local_subchannel_pool", 1)]
             tls = self.cfg.tls
             if tls is None:
-                channel = grpc.aio.insecure_channel(address, options=self.cfg.channel_options())
+                channel = grpc.aio.insecure_channel(address, options=options)
             else:
                 creds = grpc.ssl_channel_credentials(tls.ca_pem, tls.key_pem, tls.cert_pem)
-                channel = grpc.aio.secure_channel(
-                    address, creds, options=self.cfg.channel_options()
-                )
+                channel = grpc.aio.secure_channel(address, creds, options=options)
             entry = (channel, murmur_pb2_grpc.MurmurStub(channel))  # type: ignore[no-untyped-call]
-            self._channels[address] = entry
+            self._channels[key] = entry
         return entry[1]
 
     async def call_hello(self, address: str, hello: Hello, timeout_s: float) -> Hello:
         try:
-            reply = await self._stub(address).Hello(wire.hello_to_pb(hello), timeout=timeout_s)
+            stub = self._stub(address, "control")
+            reply = await stub.Hello(wire.hello_to_pb(hello), timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
             raise _map_error(address, err) from None
         return wire.hello_from_pb(reply)
@@ -437,7 +443,8 @@ class GrpcTransport:
 
     async def call_status(self, address: str, timeout_s: float) -> NodeStatus:
         try:
-            reply = await self._stub(address).Status(wire.pb.StatusRequest(), timeout=timeout_s)
+            stub = self._stub(address, "control")
+            reply = await stub.Status(wire.pb.StatusRequest(), timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
             raise _map_error(address, err) from None
         return wire.status_from_pb(reply)
@@ -445,7 +452,7 @@ class GrpcTransport:
     async def call_swim(self, address: str, message: SwimMessage, timeout_s: float) -> str:
         request = wire.swim_to_pb(message, PROTOCOL_VERSION)
         try:
-            reply = await self._stub(address).Swim(request, timeout=timeout_s)
+            reply = await self._stub(address, "control").Swim(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
             raise _map_error(address, err) from None
         return str(reply.node_id)
