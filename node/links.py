@@ -30,10 +30,20 @@ from node.aio import cancel_and_wait
 from node.telemetry import Counters, LinkCounters
 from node.transport.base import DeltaStream, Reason, Rejected, Transport, Unreachable
 
-__all__ = ["LinkConfig", "PeerLink"]
+__all__ = ["MIN_LINK_BYTES_PER_S", "LinkConfig", "PeerLink", "transfer_timeout_s"]
 
 #: A link that has not stopped this long after its cancellation is reported (with its stack).
 STOP_WARN_S = 5.0
+
+#: The slowest link a whole-model transfer is given time for: 1 Mbit/s, an edge uplink.
+MIN_LINK_BYTES_PER_S = 125_000
+
+
+def transfer_timeout_s(call_timeout_s: float, nbytes: int) -> float:
+    """The deadline of a call that carries ``nbytes`` (a snapshot, a model pull): the usual
+    deadline plus what those bytes take on the slowest link allowed for."""
+    return call_timeout_s + nbytes / MIN_LINK_BYTES_PER_S
+
 
 log = logging.getLogger(__name__)
 
@@ -156,9 +166,8 @@ class PeerLink:
         self.outbox.snapshot_taken(header.seq)
         self._sending_snapshot = True
         try:
-            await self.transport.call_push_snapshot(
-                self.peer.address, header, values, self.cfg.call_timeout_s
-            )
+            timeout_s = transfer_timeout_s(self.cfg.call_timeout_s, wire.snapshot_nbytes(header))
+            await self.transport.call_push_snapshot(self.peer.address, header, values, timeout_s)
         finally:
             self._sending_snapshot = False
         nbytes = wire.snapshot_nbytes(header)

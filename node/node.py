@@ -55,6 +55,7 @@ from node.device import resolve_device
 from node.flat import FlatParams
 from node.gossiper import Gossiper, NeighbourView
 from node.identity import Identity, load_or_create_identity, write_atomic
+from node.links import transfer_timeout_s
 from node.metrics import MetricsServer
 from node.mqtt import MqttBridge
 from node.peers import JoinError, Peers
@@ -367,8 +368,7 @@ class Node:
         numel = self.flat.numel
         for address in [*neighbours, helper]:
             started = time.monotonic()
-            # The deadline allows for a slow link: 25 MB/s is the least we wait for.
-            timeout_s = self.cfg.gossip.call_timeout_s + 4 * numel / 25e6
+            timeout_s = transfer_timeout_s(self.cfg.gossip.call_timeout_s, 4 * numel)
             chunks = self.transport.call_pull_model(address, self.node_id, timeout_s)
             try:
                 buffer, step = await receive_model(chunks, numel, address)
