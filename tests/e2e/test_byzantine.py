@@ -40,6 +40,7 @@ def honest_accuracies(workdir: Path, robust: bool) -> list[float]:
     return [n["accuracy"] for n in report["nodes"] if n["shard"] != ATTACKER]
 
 
+@pytest.mark.timeout(900)  # two swarms of eight processes, one after the other
 def test_robust_mixing_keeps_the_honest_nodes_on_target_and_plain_mixing_does_not(
     tmp_path: Path,
 ) -> None:
