@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gossip.messages import Member
 from gossip.swim import Swim
 from gossip.topology import Graph, build
 
-__all__ = ["MemberView"]
+__all__ = ["MemberView", "relink"]
+
+NodeId = str
 
 
 class MemberView:
@@ -39,3 +43,30 @@ class MemberView:
 
     def graph(self, kind: str, *, degree: int = 4, seed: int = 0) -> Graph:
         return build(kind, [m.node_id for m in self.members], degree=degree, seed=seed)
+
+    def neighbours(self, kind: str, *, degree: int = 4, seed: int = 0) -> dict[NodeId, Member]:
+        """This member's neighbours in the graph ``kind`` over the live members, by id.
+
+        Every member derives the graph from its own view, so two members with the same view
+        agree on every edge; the link handshake (a snapshot refused by a member that does not
+        count the sender as its neighbour yet) covers the time their views differ.
+        """
+        members = {m.node_id: m for m in self.members}  # one snapshot of the view
+        graph = build(kind, members, degree=degree, seed=seed)
+        return {j: members[j] for j in sorted(graph.neighbours(self.swim.node_id))}
+
+
+def relink(
+    linked: Mapping[NodeId, Member], wanted: Mapping[NodeId, Member]
+) -> tuple[list[NodeId], list[NodeId]]:
+    """Which links to close and which to open to go from ``linked`` to ``wanted``.
+
+    A neighbour that moved (same id, another address) gets a new link: the old one dials
+    where nobody is.
+
+    Returns:
+        (ids whose link closes, ids that get a new link), each sorted.
+    """
+    close = sorted(j for j, m in linked.items() if wanted.get(j) != m)
+    keep = linked.keys() - set(close)
+    return close, sorted(wanted.keys() - keep)

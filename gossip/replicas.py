@@ -127,6 +127,19 @@ class GossipState:
         self._peers.discard(peer)
         self.replicas.pop(peer, None)
 
+    def set_peers(self, peers: frozenset[NodeId]) -> frozenset[NodeId]:
+        """Exchange with exactly ``peers``: forget the others, admit the new ones.
+
+        Returns:
+            The peers forgotten.
+        """
+        gone = frozenset(self._peers - peers)
+        for peer in gone:
+            self.forget(peer)
+        for peer in peers - self._peers:
+            self.admit(peer)
+        return gone
+
     # -- sending ------------------------------------------------------------------------------
 
     def make_delta(self, x: torch.Tensor) -> tuple[int, Encoded]:

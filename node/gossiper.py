@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -20,6 +20,7 @@ import torch
 
 from gossip.clock import Clock
 from gossip.messages import Delta, SnapshotHeader
+from gossip.mixing import mixing_weights, send_and_mix
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
 from gossip.robust import AnomalyScore, clipped_consensus_step
@@ -108,12 +109,9 @@ class Gossiper:
         new = frozenset(neighbours)
 
         def work() -> None:
-            for peer in self.state.peers - new:
-                self.state.forget(peer)
+            for peer in self.state.set_peers(new):
                 self.anomaly.forget(peer)
                 self._seen.pop(peer, None)
-            for peer in new - self.state.peers:
-                self.state.admit(peer)
             self._neighbours = new
             self._evicted &= new
 
@@ -129,31 +127,24 @@ class Gossiper:
         return len(self._neighbours)
 
     def _mixing_weights(self) -> dict[str, float]:
-        """Neighbours that take part in this round, with Metropolis–Hastings weights.
+        weights = mixing_weights(self.state, self._neighbours, self.degree, self.silence_limit_s)
+        self._note_silence(weights)
+        return weights
 
-        A neighbour takes part once it has sent us its public copy (so it counts us as its
-        neighbour too) and while it is heard from. Its weight 1 / (1 + max(d_i, d_j)) uses the
-        degree it last told us, so both ends of the edge weigh it the same even while their
-        member views differ, and each row still sums to at most one.
-        """
-        mine = self.degree
-        mix = {}
+    def _note_silence(self, weights: Mapping[str, float]) -> None:
+        """Log the neighbours that leave the mix for their silence, and those back in it."""
         for peer in self._neighbours:
-            replica = self.state.replicas.get(peer)
             silent = self.state.silent_for(peer)
-            if replica is None or silent is None:
-                continue
-            if silent > self.silence_limit_s:
+            if silent is None:
+                continue  # no replica yet: out of the mix, but not for its silence
+            if peer not in weights:
                 if peer not in self._silenced:
                     self._silenced.add(peer)
                     log.warning("%s silent for %.1f s: out of the mix till it speaks", peer, silent)
-                continue
-            if peer in self._silenced:
+            elif peer in self._silenced:
                 self._silenced.discard(peer)
                 log.info("%s speaks again: back in the mix", peer)
-            mix[peer] = 1.0 / (1 + max(mine, replica.degree))
         self._silenced &= self._neighbours
-        return mix
 
     def _score_neighbours(self) -> None:
         """Feed each neighbour's change since the last round to the anomaly score; log who
@@ -202,26 +193,34 @@ class Gossiper:
         def work() -> Delta | None:
             if not self._neighbours:
                 return None
+            if self.attack is None and not self.robust:
+                seq, payload = send_and_mix(
+                    self.state,
+                    self.flat.flat,
+                    self.gamma,
+                    self._neighbours,
+                    self.silence_limit_s,
+                    self.outer,
+                    self.model_lock,
+                    on_weights=self._note_silence,
+                )
+                return Delta(self.node_id, self.state.session, seq, step, payload, self.degree)
             with self.model_lock:
                 x = self.flat.flat.clone()
             target = x if self.attack is None else self._attack_target(x)
             seq, payload = self.state.make_delta(target)  # compression runs outside the lock
-            if self.attack is None:
-                if self.robust:
-                    self._score_neighbours()
-                mix = self._mixing_weights()
+            if self.attack is None:  # robust mixing
+                self._score_neighbours()
+                weights = self._mixing_weights()
                 with self.model_lock:
-                    if self.robust:
-                        clipped_consensus_step(
-                            self.state,
-                            self.flat.flat,
-                            self.gamma,
-                            mix,
-                            self.byzantine_fraction,
-                            self._evicted,
-                        )
-                    else:
-                        self.state.consensus_step(self.flat.flat, self.gamma, mix)
+                    clipped_consensus_step(
+                        self.state,
+                        self.flat.flat,
+                        self.gamma,
+                        weights,
+                        self.byzantine_fraction,
+                        self._evicted,
+                    )
                     if self.outer is not None:
                         self.outer.step(self.flat.flat)
             return Delta(self.node_id, self.state.session, seq, step, payload, self.degree)

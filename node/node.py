@@ -41,6 +41,7 @@ import torch
 
 from gossip.codecs import get_codec
 from gossip.messages import Delta, TaskFingerprint
+from gossip.mixing import RoundPacer
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
 from node.checkpoint import (
@@ -202,11 +203,9 @@ class Node:
         self.metrics_server: MetricsServer | None = None
         self.mqtt: MqttBridge | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Round pacing, shared by the trainer thread and the event loop.
+        # Round pacing, shared by the trainer thread and the event loop (hence the lock).
         self._round_lock = threading.Lock()
-        self._making_round = False
-        self._links_idle = True
-        self._last_round_step = 0
+        self._pacer = RoundPacer(g.local_steps)
         self._failed = asyncio.Event()
         self._change = asyncio.Event()  # replaced by a fresh one at every change
         #: Set once the trainer has stopped for good (budget spent, or failed).
@@ -389,10 +388,8 @@ class Node:
         log.warning("could not pull the swarm's model from anyone; starting from the initial one")
 
     def _neighbour_ids(self) -> list[str]:
-        graph = self.peers.view.graph(
-            self.cfg.gossip.topology, degree=self.cfg.gossip.degree, seed=self.cfg.gossip.seed
-        )
-        return sorted(graph.neighbours(self.node_id))
+        g = self.cfg.gossip
+        return list(self.peers.view.neighbours(g.topology, degree=g.degree, seed=g.seed))
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop training and gossip, close the network, then write the final checkpoint.
@@ -523,7 +520,9 @@ class Node:
 
     def _after_step(self, step: int) -> None:
         """Trainer thread: start a gossip round if one is due and the links can take it."""
-        if step - self._last_round_step >= self.cfg.gossip.local_steps:
+        with self._round_lock:
+            due = self._pacer.due(step)
+        if due:
             self._try_round(step)
 
     def _try_round(self, step: int) -> bool:
@@ -535,10 +534,8 @@ class Node:
         cannot carry would only make every neighbour's replica staler.
         """
         with self._round_lock:
-            if self._making_round or not self._links_idle:
+            if not self._pacer.begin(step):
                 return False
-            self._making_round = True
-            self._last_round_step = step
         fut = self.gossiper.submit_round(step)
         fut.add_done_callback(self._on_loop(self._round_made))
         return True
@@ -547,7 +544,7 @@ class Node:
         """Event loop: a link may have become busy or idle."""
         idle = not self.peers.busy
         with self._round_lock:
-            self._links_idle = idle
+            self._pacer.links_idle = idle
         if not self.trainer.running:
             self.notify_change()  # the start of training waits for links to come up
 
@@ -567,7 +564,7 @@ class Node:
             self.peers.offer(delta)
         finally:
             with self._round_lock:
-                self._making_round = False
+                self._pacer.end()
             self._links_changed()
 
     def _on_eval(self, result: EvalResult) -> None:

@@ -10,10 +10,9 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from gossip.clock import Clock
-from gossip.membership import MemberView
+from gossip.membership import MemberView, relink
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, TaskFingerprint
 from gossip.swim import MemberRecord, Swim, SwimConfig
-from gossip.topology import build
 from node.config import GossipConfig
 from node.gossiper import Gossiper
 from node.links import LinkConfig, PeerLink
@@ -272,21 +271,20 @@ class Peers:
     async def update_topology(self) -> None:
         """Derive this node's neighbours from the view; open and close links to match."""
         async with self._topology_lock:
-            # One snapshot of the view: it may change while this awaits.
-            members = {m.node_id: m for m in self.view.members}
-            graph = build(self.cfg.topology, members, degree=self.cfg.degree, seed=self.cfg.seed)
+            cfg = self.cfg
+            wanted = self.view.neighbours(cfg.topology, degree=cfg.degree, seed=cfg.seed)
             me = self.node_id
-            mine = graph.neighbours(me)
+            mine = frozenset(wanted)
             await self.gossiper.set_neighbours(mine)
-            for peer_id in list(self.links):
-                if peer_id not in mine or self.links[peer_id].peer != members.get(peer_id):
-                    # Stopped in the background: a link to a dead peer may take a while to let
-                    # go of its call, and the topology must not wait for it.
-                    link = self.links.pop(peer_id)
-                    self._spawn(link.stop(), f"unlink-{peer_id[:8]}")
+            close, open_ = relink({j: link.peer for j, link in self.links.items()}, wanted)
+            for peer_id in close:
+                # Stopped in the background: a link to a dead peer may take a while to let
+                # go of its call, and the topology must not wait for it.
+                link = self.links.pop(peer_id)
+                self._spawn(link.stop(), f"unlink-{peer_id[:8]}")
             if self.linking:
-                for peer_id in sorted(mine - self.links.keys()):
-                    peer = members[peer_id]
+                for peer_id in open_:
+                    peer = wanted[peer_id]
                     link = PeerLink(
                         peer,
                         self.transport,
