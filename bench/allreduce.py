@@ -154,7 +154,8 @@ def _worker(args: argparse.Namespace) -> None:
 
     from node.tasks import Shard, load_task
     from node.tasks.base import evaluate
-    from node.trainer import TrainerConfig, _batches
+    from node.trainer import TrainerConfig
+    from node.trainer import batches as endless_batches
 
     torch.set_num_threads(1)
     pace = TrainerConfig(step_time=args.step_time, slowdown=args.slowdown)
@@ -170,7 +171,7 @@ def _worker(args: argparse.Namespace) -> None:
     model = DistributedDataParallel(task.model)
     optimizer = task.make_optimizer()
     # The batch order a murmur node with this shard index would draw.
-    batches = _batches(task, torch.device("cpu"), args.seed * 1_000_003 + args.rank)
+    batches = endless_batches(task, torch.device("cpu"), args.seed * 1_000_003 + args.rank)
     numel = sum(p.numel() for p in task.model.parameters())
     evals: list[dict[str, float]] = []
     samples = 0

@@ -212,6 +212,10 @@ class Swim:
 
     def __post_init__(self) -> None:
         self._members: dict[NodeId, _Entry] = {}
+        # Indexes into _members, so that timers cost what the suspects and the departed number,
+        # not what the swarm does (a simulator runs a thousand members in one process).
+        self._suspects: dict[NodeId, None] = {}
+        self._gone: dict[NodeId, None] = {}
         self._dissemination: dict[NodeId, tuple[MemberRecord, int]] = {}
         self._changes: list[MemberRecord] = []
         self._order: list[NodeId] = []
@@ -262,6 +266,11 @@ class Swim:
         """Updates still waiting to be piggybacked (for tests and figures)."""
         return [record for record, _ in self._dissemination.values()]
 
+    def clear_updates(self) -> None:
+        """Drop every update still waiting to be piggybacked: for a member that starts in a
+        swarm long settled, where everyone knows what they say (a simulator's start)."""
+        self._dissemination.clear()
+
     def drain_changes(self) -> list[MemberRecord]:
         """Records whose status or address changed since the last call (the node reacts)."""
         changes, self._changes = self._changes, []
@@ -292,9 +301,7 @@ class Swim:
         if entry is None and not record.live:
             return  # news of the death of a stranger: nothing to forget
         previous = entry.record if entry else None
-        self._members[record.node_id] = _Entry(
-            record, now, now if record.status is Status.SUSPECT else None
-        )
+        self._set_entry(_Entry(record, now, now if record.status is Status.SUSPECT else None))
         self._gossip(record)
         if (
             previous is None
@@ -302,6 +309,18 @@ class Swim:
             or previous.address != record.address
         ):
             self._changes.append(record)
+
+    def _set_entry(self, entry: _Entry) -> None:
+        node_id = entry.record.node_id
+        self._members[node_id] = entry
+        if entry.suspect_since is None:
+            self._suspects.pop(node_id, None)
+        else:
+            self._suspects[node_id] = None
+        if entry.record.live:
+            self._gone.pop(node_id, None)
+        else:
+            self._gone[node_id] = None
 
     def _about_me(self, record: MemberRecord) -> None:
         if self.leaving:
@@ -410,7 +429,9 @@ class Swim:
         directly instead of depending on gossip that may die out before it gets here.
         """
         suspects = [
-            e for e in self._members.values() if e.suspect_since is not None and not e.checked
+            e
+            for e in map(self._members.__getitem__, self._suspects)
+            if e.suspect_since is not None and not e.checked
         ]
         if suspects:
             entry = min(suspects, key=lambda e: e.suspect_since or 0.0)
@@ -437,12 +458,15 @@ class Swim:
     def _expire(self, now: float) -> None:
         n = len(self._members) + 1
         timeout = self.cfg.suspicion_timeout_s(n)
-        for node_id, entry in list(self._members.items()):
-            record = entry.record
+        for node_id in list(self._suspects):
+            entry = self._members[node_id]
             if entry.suspect_since is not None and now >= entry.suspect_since + timeout:
-                self._apply(replace(record, status=Status.DEAD))
-            elif not record.live and now >= entry.changed_at + self.cfg.forget_after_s:
+                self._apply(replace(entry.record, status=Status.DEAD))
+        for node_id in list(self._gone):
+            entry = self._members[node_id]
+            if now >= entry.changed_at + self.cfg.forget_after_s:
                 del self._members[node_id]
+                del self._gone[node_id]
                 self._dissemination.pop(node_id, None)
         for seq, relay in list(self._relays.items()):
             if now >= relay.expires:
@@ -458,7 +482,7 @@ class Swim:
         n = len(self._members) + 1
         times += [
             e.suspect_since + self.cfg.suspicion_timeout_s(n)
-            for e in self._members.values()
+            for e in map(self._members.__getitem__, self._suspects)
             if e.suspect_since is not None
         ]
         return min(times)
@@ -469,7 +493,7 @@ class Swim:
         entry = self._members.get(node_id)
         if entry is not None and entry.record.live:
             record = replace(entry.record, status=Status.DEAD)
-            self._members[node_id] = _Entry(record, self.clock.now())
+            self._set_entry(_Entry(record, self.clock.now()))
             self._changes.append(record)
 
     def ping(self, address: str) -> Outgoing:

@@ -7,6 +7,7 @@ graphs here are undirected: ``j in g.neighbours(i)`` iff ``i in g.neighbours(j)`
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -138,7 +139,13 @@ def build(kind: str, ids: Iterable[NodeId], *, degree: int = 4, seed: int = 0) -
     For ``random-regular``, ``degree`` is lowered to the largest valid value when the swarm is
     too small (n - 1, or one less when n * degree would be odd).
     """
-    order = _ring_order(ids)
+    return _build(kind, _ring_order(ids), degree, seed)
+
+
+@functools.lru_cache(maxsize=64)
+def _build(kind: str, order: tuple[NodeId, ...], degree: int, seed: int) -> Graph:
+    # Cached: members with the same view derive the same graph, and a simulator hosts a
+    # thousand of them (a random regular graph of 1,000 nodes takes a second to draw).
     if kind == "ring":
         return ring(order)
     if kind == "exponential":

@@ -286,6 +286,120 @@ def _add_swarm_parser(sub: Any) -> None:
     p.set_defaults(func=_cmd_swarm)
 
 
+def _add_simulate_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="simulate a swarm of N nodes in one process on a discrete-event clock",
+        description="The daemon's gossip core (codecs, replicas, mixing, topology, SWIM, link "
+        "policy, trainer step) on a modelled network: latency, bandwidth, loss, stragglers "
+        "and churn. Writes sim.jsonl and sim.png to --out. A node steps every --step-time "
+        "simulated seconds and gossips at least --local-steps steps apart, when its links "
+        "are not busy: the gossip period is about their product, or the links' round trip.",
+    )
+    p.add_argument("--nodes", type=int, default=64)
+    p.add_argument("--duration", type=float, default=60.0, help="simulated seconds (60)")
+    p.add_argument("--task", default="logistic", help="logistic (cheap), digits, module:factory")
+    p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet alpha (non-iid shards)")
+    p.add_argument("--iid", action="store_true", help="iid shards instead of Dirichlet")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--independent-init",
+        action="store_true",
+        help="every node starts from a model of its own (to measure consensus from afar)",
+    )
+    p.add_argument(
+        "--step-time", type=float, default=0.02, help="simulated seconds per local step (0.02)"
+    )
+    p.add_argument("--steps", type=int, help="local step budget per node (default: no limit)")
+    p.add_argument("--stragglers", type=float, default=0.0, help="fraction of slow nodes")
+    p.add_argument("--straggler-slowdown", type=float, default=5.0, help="how much slower (5)")
+    p.add_argument(
+        "--speed-spread", type=float, default=0.0, help="sigma of a lognormal step-time factor"
+    )
+    p.add_argument(
+        "--latency",
+        type=float,
+        nargs=2,
+        default=(0.01, 0.05),
+        metavar=("MIN", "MAX"),
+        help="one-way delay of each link, uniform in [MIN, MAX] seconds (0.01 0.05)",
+    )
+    p.add_argument("--bandwidth", type=float, default=10.0, help="uplink Mbit/s per node (10)")
+    p.add_argument("--loss", type=float, default=0.0, help="loss of deltas and SWIM messages")
+    p.add_argument(
+        "--churn",
+        type=float,
+        help="fraction of nodes replaced per simulated minute (half leave, half crash)",
+    )
+    p.add_argument("--leave-rate", type=float, default=0.0, help="fraction leaving per minute")
+    p.add_argument("--crash-rate", type=float, default=0.0, help="fraction crashing per minute")
+    p.add_argument("--join-rate", type=float, default=0.0, help="fraction joining per minute")
+    p.add_argument("--swim-period", type=float, default=1.0, help="membership period (1 s)")
+    p.add_argument(
+        "--eval-every", type=float, default=2.0, help="simulated seconds between samples (2)"
+    )
+    p.add_argument(
+        "--consensus-threshold",
+        type=float,
+        default=1e-2,
+        help="relative consensus distance counted as consensus (0.01)",
+    )
+    p.add_argument("--target-accuracy", type=float, default=0.8)
+    p.add_argument("--out", type=Path, default=Path("murmur-sim"), help="output dir")
+    p.add_argument("--quiet", action="store_true", help="no progress")
+    _add_gossip_flags(p, suppress=False)
+    p.set_defaults(func=_cmd_simulate)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    import torch
+
+    from node.sim.config import ChurnConfig, NetConfig, SimConfig
+    from node.sim.run import run_simulation
+
+    try:
+        gossip = GossipConfig(
+            **{
+                k.removeprefix("gossip."): v
+                for k, v in vars(args).items()
+                if k.startswith("gossip.") and v is not None
+            }
+        )
+        if gossip.robust or gossip.attack or gossip.outer_lr:
+            raise ValueError("--robust, --attack and --outer-lr are not simulated yet")
+        churn = (
+            ChurnConfig.replacing(args.churn)
+            if args.churn is not None
+            else ChurnConfig(args.leave_rate, args.crash_rate, args.join_rate)
+        )
+        cfg = SimConfig(
+            nodes=args.nodes,
+            task=args.task,
+            alpha=None if args.iid else args.alpha,
+            seed=args.seed,
+            independent_init=args.independent_init,
+            step_time_s=args.step_time,
+            stragglers=args.stragglers,
+            straggler_slowdown=args.straggler_slowdown,
+            speed_spread=args.speed_spread,
+            steps=args.steps,
+            duration_s=args.duration,
+            eval_every_s=args.eval_every,
+            consensus_threshold=args.consensus_threshold,
+            target_accuracy=args.target_accuracy,
+            gossip=gossip,
+            membership=SwimConfig(period_s=args.swim_period),
+            net=NetConfig(tuple(args.latency), args.bandwidth * 1e6 / 8, args.loss),
+            churn=churn,
+        )
+    except ValueError as err:
+        print(f"murmur simulate: {err}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)  # thousands of tiny models: intra-op threads only contend
+    run_simulation(cfg, args.out, None if args.quiet else sys.stdout)
+    return 0
+
+
 def build_node_config(args: argparse.Namespace) -> NodeConfig:
     """Config file values, overridden by the flags that were given."""
     values: dict[str, Any] = load_config_file(args.config) if args.config else {}
@@ -555,6 +669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(sub)
     _add_swarm_parser(sub)
+    _add_simulate_parser(sub)
     _add_status_parser(sub)
     _add_report_parser(sub)
     _add_monitor_parser(sub)

@@ -7,7 +7,8 @@ from a worker thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib import colormaps
@@ -17,7 +18,7 @@ from matplotlib.lines import Line2D
 
 from node.history import EvalPoint, NodeHistory
 
-__all__ = ["plot_metric"]
+__all__ = ["Panel", "plot_metric", "plot_panels"]
 
 Colour = tuple[float, float, float, float]
 
@@ -81,4 +82,42 @@ def plot_metric(
         labels.append("restart")
     if handles:
         fig.legend(handles, labels, loc="outside right upper", title="node", fontsize="small")
+    fig.savefig(path, format="png")
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One plot of a figure: named lines of (x, y) points."""
+
+    title: str
+    ylabel: str
+    lines: Mapping[str, Sequence[tuple[float, float]]]
+    log_scale: bool = False
+
+
+def plot_panels(panels: Sequence[Panel], path: Path, title: str, xlabel: str) -> None:
+    """Draw ``panels`` side by side in rows of two, to a PNG at ``path`` (``murmur simulate``)."""
+    rows = (len(panels) + 1) // 2
+    fig = Figure(figsize=(11, 3.6 * rows), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    fig.suptitle(title)
+    for k, panel in enumerate(panels):
+        ax = fig.add_subplot(rows, 2, k + 1)
+        drawn: list[float] = []
+        for (name, points), colour in zip(
+            panel.lines.items(), _colours(len(panel.lines)), strict=True
+        ):
+            finite = [(x, y) for x, y in points if y == y]  # NaN: nothing to draw
+            if finite:
+                xs, ys = zip(*finite, strict=True)
+                ax.plot(xs, ys, color=colour, linewidth=1.4, label=name)
+                drawn.extend(ys)
+        if panel.log_scale and drawn and min(drawn) > 0:
+            ax.set_yscale("log")
+        ax.set_title(panel.title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(panel.ylabel)
+        ax.grid(True, alpha=0.3)
+        if len(panel.lines) > 1:
+            ax.legend(fontsize="small")
     fig.savefig(path, format="png")

@@ -30,7 +30,8 @@ __all__ = ["NodeService"]
 log = logging.getLogger(__name__)
 
 
-def _reason_of(err: Exception) -> Reason:
+def reason_of(err: Exception) -> Reason:
+    """The refusal a core error stands for (the simulator refuses with the same)."""
     if isinstance(err, UnknownPeer):
         return Reason.UNKNOWN_SENDER
     if isinstance(err, SequenceGap):
@@ -136,7 +137,7 @@ class NodeService:
         try:
             seq = await self.node.gossiper.receive_delta(delta)
         except (GossipError, CodecError) as err:
-            self._refuse(_reason_of(err), str(err), delta.sender)
+            self._refuse(reason_of(err), str(err), delta.sender)
         nbytes = wire.delta_nbytes(delta)
         self.node.counters.bytes_received += nbytes
         self.node.counters.received_from[delta.sender] += nbytes
@@ -151,7 +152,7 @@ class NodeService:
         try:
             await self.node.gossiper.check_snapshot(header)
         except (GossipError, CodecError) as err:
-            self._refuse(_reason_of(err), str(err), sender)
+            self._refuse(reason_of(err), str(err), sender)
         # One model-sized buffer plus one chunk in flight: memory stays bounded.
         values = torch.empty(header.numel, dtype=torch.float32)
         filled = 0
@@ -173,7 +174,7 @@ class NodeService:
         try:
             seq = await self.node.gossiper.receive_snapshot(header, values)
         except (GossipError, CodecError) as err:
-            self._refuse(_reason_of(err), str(err), sender)
+            self._refuse(reason_of(err), str(err), sender)
         nbytes = wire.snapshot_nbytes(header)
         self.node.counters.bytes_received += nbytes
         self.node.counters.received_from[header.sender] += nbytes

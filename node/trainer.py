@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from node.tasks.base import Task, evaluate
 
-__all__ = ["EvalResult", "Trainer", "TrainerConfig"]
+__all__ = ["EvalResult", "Trainer", "TrainerConfig", "batches", "train_step"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class EvalResult:
     accuracy: float
 
 
-def _batches(task: Task, device: torch.device, seed: int) -> Iterator[tuple[torch.Tensor, ...]]:
+def batches(task: Task, device: torch.device, seed: int) -> Iterator[tuple[torch.Tensor, ...]]:
     """Endless shuffled batches; epochs reshuffle. Tensor datasets are sliced on the device."""
     gen = torch.Generator().manual_seed(seed)
     data = task.train
@@ -74,6 +74,20 @@ def _batches(task: Task, device: torch.device, seed: int) -> Iterator[tuple[torc
         while True:
             for batch in loader:
                 yield tuple(t.to(device) for t in batch)
+
+
+def train_step(
+    task: Task, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor
+) -> float:
+    """One local SGD step of ``task.model`` on a batch; returns the batch's loss.
+
+    The daemon's trainer thread and the simulator (node/sim) both step with this.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    loss = task.loss(task.model(inputs), targets)
+    loss.backward()  # type: ignore[no-untyped-call]
+    optimizer.step()
+    return float(loss.detach())
 
 
 class Trainer:
@@ -160,24 +174,20 @@ class Trainer:
         return result
 
     def _train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        model = self.task.model
         with self.model_lock:
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = self.task.loss(model(inputs), targets)
-            loss.backward()  # type: ignore[no-untyped-call]
-            self.optimizer.step()
+            loss = train_step(self.task, self.optimizer, inputs, targets)
             # Under the lock, so that whoever holds it sees a step count that fits the model.
             self.step += 1
-        return float(loss.detach())
+        return loss
 
     def _run(self) -> None:
         try:
             self.task.model.train()
-            batches = _batches(self.task, self.device, self.cfg.seed)
+            stream = batches(self.task, self.device, self.cfg.seed)
             budget = self.cfg.steps
             while not self._stop.is_set() and (budget is None or self.step < budget):
                 began = time.perf_counter()
-                inputs, targets = next(batches)
+                inputs, targets = next(stream)
                 loss = self._train_step(inputs, targets)
                 self.samples += len(targets)
                 self.loss = loss if math.isnan(self.loss) else 0.9 * self.loss + 0.1 * loss

@@ -27,6 +27,7 @@ __all__ = [
     "hello_to_pb",
     "model_chunk_from_pb",
     "model_chunk_to_pb",
+    "model_nbytes",
     "pb",
     "snapshot_chunk_from_pb",
     "snapshot_chunk_to_pb",
@@ -34,6 +35,7 @@ __all__ = [
     "status_from_pb",
     "status_to_pb",
     "swim_from_pb",
+    "swim_nbytes",
     "swim_to_pb",
 ]
 
@@ -313,6 +315,21 @@ def snapshot_nbytes(header: SnapshotHeader, chunk_values: int = CHUNK_VALUES) ->
         empty = snapshot_chunk_to_pb(header, SnapshotChunk(offset, b""))
         total += empty.ByteSize() + 1 + _varint_len(n) + n  # tag, length, bytes of `data`
     return total
+
+
+def model_nbytes(numel: int, step: int, chunk_values: int = CHUNK_VALUES) -> int:
+    """Serialized size of all the chunks of a model sent to a joiner, without building them."""
+    total = 0
+    for offset in range(0, numel, chunk_values):
+        n = 4 * min(chunk_values, numel - offset)
+        empty = model_chunk_to_pb(ModelChunk(numel, offset, b"", step))
+        total += empty.ByteSize() + 1 + _varint_len(n) + n  # tag, length, bytes of `data`
+    return total
+
+
+def swim_nbytes(m: SwimMessage, protocol_version: int) -> int:
+    """Serialized size of a membership message."""
+    return swim_to_pb(m, protocol_version).ByteSize()
 
 
 # -- status -----------------------------------------------------------------------------------

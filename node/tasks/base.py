@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 __all__ = ["Shard", "Task", "TaskFactory", "evaluate", "load_task"]
 
@@ -52,13 +52,17 @@ class Shard:
 
     def split(self, labels: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
         """Indices (int64) of this shard's examples among ``labels``."""
+        return self.split_all(labels)[self.index]
+
+    def split_all(self, labels: Sequence[int] | np.ndarray | torch.Tensor) -> list[torch.Tensor]:
+        """The indices of every shard's examples (one split costs as much as all of them)."""
         y = np.asarray(labels.cpu() if isinstance(labels, torch.Tensor) else labels)
         parts = (
             _iid_parts(len(y), self.count, self.seed)
             if self.alpha is None
             else _dirichlet_parts(y, self.count, self.alpha, self.seed)
         )
-        return torch.as_tensor(np.sort(parts[self.index]), dtype=torch.int64)
+        return [torch.as_tensor(np.sort(p), dtype=torch.int64) for p in parts]
 
 
 def _iid_parts(n: int, count: int, seed: int) -> list[np.ndarray]:
@@ -116,7 +120,7 @@ class Task:
 
 TaskFactory = Callable[[Shard], Task]
 
-BUILTIN = {"digits": "node.tasks.digits:make_task"}
+BUILTIN = {"digits": "node.tasks.digits:make_task", "logistic": "node.tasks.logistic:make_task"}
 
 
 def load_task(spec: str) -> TaskFactory:
@@ -151,6 +155,17 @@ def load_task(spec: str) -> TaskFactory:
     return factory  # type: ignore[no-any-return]
 
 
+def _eval_batches(data: Dataset[Any], batch_size: int) -> Iterable[tuple[torch.Tensor, ...]]:
+    """In order; tensor datasets are sliced directly (no DataLoader: the simulator evaluates
+    a thousand small models at a time, and its per-batch overhead would dominate)."""
+    if isinstance(data, TensorDataset):
+        n = len(data.tensors[0])
+        for start in range(0, n, batch_size):
+            yield tuple(t[start : start + batch_size] for t in data.tensors)
+    else:
+        yield from DataLoader(data, batch_size=batch_size)
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -163,7 +178,7 @@ def evaluate(
     was_training = model.training
     model.eval()
     total_loss, correct, count = 0.0, 0, 0
-    for inputs, targets in DataLoader(data, batch_size=batch_size):
+    for inputs, targets in _eval_batches(data, batch_size):
         inputs, targets = inputs.to(device), targets.to(device)
         out = model(inputs)
         total_loss += float(loss_fn(out, targets)) * len(targets)

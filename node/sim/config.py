@@ -1,0 +1,106 @@
+"""What a simulated swarm is: one frozen dataclass per component, as for the daemon."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gossip.swim import SwimConfig
+from node.config import GossipConfig
+
+__all__ = ["ChurnConfig", "NetConfig", "SimConfig"]
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    """The modelled network.
+
+    Args:
+        latency_s: (min, max): each link's one-way delay is fixed, uniform in this range.
+        bandwidth_bps: every node's uplink in bytes per second (inf: unlimited).
+        loss: probability that a delta or a membership message is lost. Snapshots, model
+            pulls and acknowledgements are not: the transport retries calls until they land.
+    """
+
+    latency_s: tuple[float, float] = (0.01, 0.05)
+    bandwidth_bps: float = 1.25e6  # 10 Mbit/s
+    loss: float = 0.0
+
+    def __post_init__(self) -> None:
+        lo, hi = self.latency_s
+        if not 0 <= lo <= hi:
+            raise ValueError("latency needs 0 <= min <= max")
+        if self.bandwidth_bps <= 0 or not 0 <= self.loss < 1:
+            raise ValueError("bandwidth must be positive and loss in [0, 1)")
+
+
+@dataclass(frozen=True)
+class ChurnConfig:
+    """Nodes leaving (announced), crashing (silent) and joining (through a random live member,
+    pulling the model as a joiner does), each a Poisson process; rates are fractions of the
+    swarm's initial size per simulated minute. A joiner takes the shard of a node that went,
+    as a replaced device would, or a random one when none did."""
+
+    leave_per_min: float = 0.0
+    crash_per_min: float = 0.0
+    join_per_min: float = 0.0
+
+    def __post_init__(self) -> None:
+        if min(self.leave_per_min, self.crash_per_min, self.join_per_min) < 0:
+            raise ValueError("churn rates must not be negative")
+
+    @classmethod
+    def replacing(cls, per_min: float) -> ChurnConfig:
+        """``per_min`` of the nodes replaced per minute: half leave, half crash, as many join."""
+        return cls(per_min / 2, per_min / 2, per_min)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Args:
+    nodes: the swarm's size at the start (everyone knows everyone, as after a settled join).
+    task: a built-in task or ``module:factory``; ``logistic`` is the cheap one.
+    alpha: Dirichlet concentration of the non-iid shards; None for iid.
+    seed: the swarm's seed (initial model, data split, the simulation's randomness).
+    independent_init: each node starts from a model of its own (seeded by its index) instead
+        of the swarm's common one, so consensus starts far and its time can be measured.
+    step_time_s: simulated seconds of one local step on a node of speed 1.
+    stragglers: the fraction of nodes that are ``straggler_slowdown`` times slower.
+    speed_spread: every node's step time is also multiplied by exp(N(0, spread²)).
+    steps: local step budget per node (None: train until the end); afterwards a node gossips
+        every ``gossip.idle_round_interval_s``, as the daemon does.
+    duration_s: simulated seconds to run.
+    eval_every_s: simulated seconds between two samples of the swarm's figures; evaluating
+        every node's model is the expensive part.
+    consensus_threshold: the relative consensus distance (over the first sample's) counted
+        as reached; target_accuracy: the accuracy counted as reached.
+    """
+
+    nodes: int = 64
+    task: str = "logistic"
+    alpha: float | None = 0.5
+    seed: int = 0
+    independent_init: bool = False
+    step_time_s: float = 0.02
+    stragglers: float = 0.0
+    straggler_slowdown: float = 5.0
+    speed_spread: float = 0.0
+    steps: int | None = None
+    duration_s: float = 60.0
+    eval_every_s: float = 2.0
+    consensus_threshold: float = 1e-2
+    target_accuracy: float = 0.8
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+    membership: SwimConfig = field(default_factory=SwimConfig)
+    net: NetConfig = field(default_factory=NetConfig)
+    churn: ChurnConfig = field(default_factory=ChurnConfig)
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ValueError("a swarm needs at least one node")
+        if self.step_time_s <= 0 or self.duration_s <= 0 or self.eval_every_s <= 0:
+            raise ValueError("step time, duration and eval interval must be positive")
+        if not 0 <= self.stragglers <= 1 or self.straggler_slowdown < 1:
+            raise ValueError("stragglers is a fraction; their slowdown is at least 1")
+        if self.speed_spread < 0 or not math.isfinite(self.speed_spread):
+            raise ValueError("speed_spread must be a finite non-negative number")

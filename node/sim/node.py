@@ -1,0 +1,300 @@
+"""One simulated node: what a daemon keeps and decides, driven by simulated time.
+
+It keeps only what a real node keeps: its task shard and model, the optimizer's state, the
+public copy x̂ and its neighbours' replicas (``GossipState``), its SWIM state and one outbox
+per link. What it decides it decides with the daemon's code: ``train_step`` for a local step,
+``RoundPacer`` for when to gossip, ``send_and_mix`` for the round, ``MemberView.neighbours``
+and ``relink`` for whom to link to, SWIM for who is there, the Outbox (through ``SimLink``)
+for what each link sends. What the daemon does on threads and an event loop happens here as
+events on the simulation's queue; a step takes ``step_time_s`` of simulated time.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import torch
+
+from gossip.codecs import CodecError
+from gossip.membership import MemberView, relink
+from gossip.messages import PROTOCOL_VERSION, Delta, SnapshotHeader
+from gossip.mixing import RoundPacer, send_and_mix
+from gossip.replicas import GossipError, GossipState
+from gossip.swim import Outgoing, Swim, SwimMessage
+from node import wire
+from node.flat import FlatParams
+from node.links import LinkConfig
+from node.peers import LEAVE_FANOUT
+from node.service import reason_of
+from node.sim.link import SimLink
+from node.tasks.base import Task
+from node.telemetry import Counters
+from node.trainer import batches, train_step
+from node.transport.base import Reason, Rejected
+
+if TYPE_CHECKING:
+    from node.sim.swarm import Simulation
+
+__all__ = ["SimNode"]
+
+CPU = torch.device("cpu")
+#: The sizes of a P-256 public key (DER SubjectPublicKeyInfo) and of an ECDSA signature (DER).
+FAKE_PUBLIC_KEY = bytes(91)
+FAKE_SIGNATURE = bytes(71)
+
+
+class SimNode:
+    """Args:
+    sim: the simulation it lives in (clock, event queue, network, configuration).
+    node_id, address: shaped like a real node's (32 hex characters; an IPv4 host:port), so
+        that messages carrying them weigh what they weigh on the wire.
+    shard: the index of its training shard.
+    task: its task, built as the daemon builds it (same seed: same initial model).
+    step_s: simulated seconds per local step (its speed).
+    """
+
+    def __init__(
+        self,
+        sim: Simulation,
+        node_id: str,
+        address: str,
+        shard: int,
+        task: Task,
+        step_s: float,
+        session: int,
+        incarnation: int,
+        rng: random.Random,
+    ) -> None:
+        cfg = sim.cfg
+        g = cfg.gossip
+        self.sim = sim
+        self.node_id = node_id
+        self.address = address
+        self.shard = shard
+        self.task = task
+        self.step_s = step_s
+        self.flat = FlatParams(task.model)
+        self.optimizer = task.make_optimizer()
+        self._batches: Iterator[tuple[torch.Tensor, ...]] = batches(
+            task, CPU, cfg.seed * 1_000_003 + shard
+        )
+        rounding = torch.Generator().manual_seed(rng.getrandbits(62))
+        self.state = GossipState(self.flat.flat, sim.codec, sim.clock, rounding, session)
+        self.swim = Swim(
+            node_id,
+            self.address,
+            incarnation,
+            cfg.membership,
+            sim.clock,
+            rng,
+            # Records carry a key and a signature of a real node's sizes, so that membership
+            # messages weigh what they do on the wire; nothing checks them (no crypto cost).
+            sign=lambda claim: FAKE_SIGNATURE,
+            public_key=FAKE_PUBLIC_KEY,
+        )
+        self.view = MemberView(self.swim)
+        self.pacer = RoundPacer(g.local_steps)
+        self.link_cfg = LinkConfig(queue=g.link_queue, call_timeout_s=g.call_timeout_s)
+        self.links: dict[str, SimLink] = {}
+        self.neighbours: frozenset[str] = frozenset()
+        self.counters = Counters()
+        self.swim_bytes = 0
+        self.step = 0
+        self.loss = float("nan")
+        self.alive = True
+        self.linking = False
+        self.training = False
+        #: Whom a joiner pulled its starting model from.
+        self.pulled_from: str | None = None
+        self._dead_streams: dict[str, tuple[str, int]] = {}
+        self._sizes: tuple[int, tuple[int, int]] = (-1, (0, 0))
+        self._snapshot_sizes: dict[int, int] = {}
+
+    @property
+    def degree(self) -> int:
+        return len(self.neighbours)
+
+    # -- wire sizes, from the daemon's wire module --------------------------------------------
+
+    def delta_nbytes(self, delta: Delta) -> tuple[int, int]:
+        """(serialized size, size with an fp32 payload); the same delta goes to every link."""
+        if self._sizes[0] != delta.seq:
+            self._sizes = (delta.seq, (wire.delta_nbytes(delta), wire.delta_fp32_nbytes(delta)))
+        return self._sizes[1]
+
+    def snapshot_nbytes(self, header: SnapshotHeader) -> int:
+        return wire.snapshot_nbytes(header)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start_links(self) -> None:
+        self.linking = True
+        self.update_topology()
+
+    def start_training(self) -> None:
+        self.training = True
+        self.sim.events.after(self.step_s, self._local_step)
+
+    def stop(self) -> None:
+        """Gone (crashed, or after saying so): nothing of it runs any more."""
+        self.alive = False
+        self.training = False
+        for link in self.links.values():
+            link.close()
+        self.sim.events.cancel_timer(self.address)
+
+    def leave(self) -> None:
+        """Tell the neighbours first, then a few others, that this node leaves; then stop."""
+        self.send_swim(self.swim.leave(LEAVE_FANOUT, list(self.links)))
+        self.stop()
+
+    # -- training and rounds ------------------------------------------------------------------
+
+    def _local_step(self) -> None:
+        if not self.training:
+            return
+        budget = self.sim.cfg.steps
+        inputs, targets = next(self._batches)
+        self.loss = train_step(self.task, self.optimizer, inputs, targets)
+        self.step += 1
+        if self.pacer.due(self.step):
+            self.try_round()
+        if budget is None or self.step < budget:
+            self.sim.events.after(self.step_s, self._local_step)
+        else:
+            self.sim.events.after(self.sim.cfg.gossip.idle_round_interval_s, self._idle_round)
+
+    def _idle_round(self) -> None:
+        """After training: keep mixing toward the swarm, on a timer, as the daemon does."""
+        if not self.training:
+            return
+        self.try_round()
+        self.sim.events.after(self.sim.cfg.gossip.idle_round_interval_s, self._idle_round)
+
+    def links_changed(self) -> None:
+        self.pacer.links_idle = not any(link.busy for link in self.links.values())
+
+    def try_round(self) -> bool:
+        """Make a round unless a link is still busy (RoundPacer); offer it to every link."""
+        self.links_changed()
+        if not self.pacer.begin(self.step):
+            return False
+        try:
+            if not self.neighbours:
+                return False
+            g = self.sim.cfg.gossip
+            seq, payload = send_and_mix(
+                self.state, self.flat.flat, g.step_size, self.neighbours, g.silence_limit_s
+            )
+            delta = Delta(self.node_id, self.state.session, seq, self.step, payload, self.degree)
+            self.counters.rounds += 1
+            for link in list(self.links.values()):
+                link.offer(delta)
+            return True
+        finally:
+            self.pacer.end()
+
+    # -- inbound (the service's checks that concern the state machine) ------------------------
+
+    def rpc_push_delta(self, delta: Delta, stream: tuple[str, int], nbytes: int) -> int:
+        """Raises Rejected as the daemon's service does; a stream that was refused once is
+        dead, and what else arrives on it is dropped unread, as gRPC drops it."""
+        if self._dead_streams.get(delta.sender) == stream:
+            raise Rejected(Reason.GAP, "the stream was closed")
+        try:
+            seq = self.state.receive_delta(
+                delta.sender, delta.session, delta.seq, delta.payload, delta.step, delta.degree
+            )
+        except (GossipError, CodecError) as err:
+            self._dead_streams[delta.sender] = stream
+            self.counters.rejected[str(reason_of(err))] += 1
+            raise Rejected(reason_of(err), str(err)) from None
+        self.counters.bytes_received += nbytes
+        return seq
+
+    def rpc_push_snapshot(self, header: SnapshotHeader, values: torch.Tensor) -> int:
+        try:
+            self.state.check_snapshot(header.sender, header.session, header.seq, header.numel)
+            seq = self.state.receive_snapshot(
+                header.sender, header.session, header.seq, values, 0, header.degree
+            )
+        except (GossipError, CodecError) as err:
+            self.counters.rejected[str(reason_of(err))] += 1
+            raise Rejected(reason_of(err), str(err)) from None
+        self.counters.bytes_received += self.snapshot_nbytes(header)
+        return seq
+
+    # -- membership ---------------------------------------------------------------------------
+
+    def send_swim(self, outgoing: Iterable[Outgoing]) -> None:
+        sim = self.sim
+        for out in outgoing:
+            message = out.message
+            nbytes = wire.swim_nbytes(message, PROTOCOL_VERSION)
+            self.swim_bytes += nbytes
+            sim.network.send(
+                self.address, out.address, nbytes, sim.swim_delivery(out.address, message)
+            )
+
+    def receive_swim(self, message: SwimMessage) -> None:
+        self.send_swim(self.swim.receive(message))
+        self.after_swim()
+
+    def tick_swim(self) -> None:
+        if self.swim.next_deadline() <= self.sim.clock.now():
+            self.send_swim(self.swim.tick())
+        self.after_swim()
+
+    def after_swim(self) -> None:
+        """React to what changed (the daemon's membership task), and keep the timer set."""
+        if not self.alive:
+            return
+        if self.swim.drain_changes():
+            self.update_topology()
+        self.sim.events.timer(self.address, self.swim.next_deadline(), self.tick_swim)
+
+    def update_topology(self) -> None:
+        """Derive the neighbours from the view; open and close links to match."""
+        g = self.sim.cfg.gossip
+        wanted = self.view.neighbours(g.topology, degree=g.degree, seed=g.seed)
+        self.neighbours = frozenset(wanted)
+        self.state.set_peers(self.neighbours)
+        close, open_ = relink({j: link.peer for j, link in self.links.items()}, wanted)
+        for peer_id in close:
+            self.links.pop(peer_id).close()
+        if self.linking:
+            for peer_id in open_:
+                link = SimLink(self, wanted[peer_id], self.link_cfg)
+                self.links[peer_id] = link
+                link.pump()
+                # The ping carries our record: a neighbour that has not heard of us yet
+                # counts us as its neighbour now.
+                self.send_swim([self.swim.ping(wanted[peer_id].address)])
+        self.links_changed()
+
+    # -- joining ------------------------------------------------------------------------------
+
+    def adopt(self, values: torch.Tensor, session: int) -> None:
+        """Take a pulled model as this node's model and public copy, in a new log."""
+        self.flat.flat.copy_(values)
+        self.state.restart(self.flat.flat.detach(), session)
+
+    # -- what a sample of the swarm reads ------------------------------------------------------
+
+    def tensor_bytes(self) -> int:
+        """Bytes of the tensors this node keeps: shard, model, optimizer state, x̂, replicas."""
+        total = sum(t.numel() * t.element_size() for t in _shard_tensors(self.task))
+        total += self.flat.flat.numel() * 4 + self.state.public.numel() * 4
+        total += sum(r.value.numel() * 4 for r in self.state.replicas.values())
+        for group in self.optimizer.state.values():
+            total += sum(
+                v.numel() * v.element_size() for v in group.values() if isinstance(v, torch.Tensor)
+            )
+        return total
+
+
+def _shard_tensors(task: Task) -> list[torch.Tensor]:
+    tensors = getattr(task.train, "tensors", ())
+    return [t for t in tensors if isinstance(t, torch.Tensor)]

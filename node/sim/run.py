@@ -1,0 +1,120 @@
+"""``murmur simulate``: run a simulated swarm, print progress, write ``sim.jsonl`` and a plot.
+
+``sim.jsonl`` holds one ``sample`` record per sample of the swarm (simulated time ``t`` in
+seconds) and a final ``summary`` record; ``sim.png`` plots consensus distance, accuracy of the
+averaged model and of the worst node, and bytes per node over simulated time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import IO
+
+from node.plots import Panel, plot_panels
+from node.sim.config import SimConfig
+from node.sim.swarm import Sample, Simulation, Summary
+
+__all__ = ["JSONL_FILE", "PLOT_FILE", "run_simulation"]
+
+JSONL_FILE = "sim.jsonl"
+PLOT_FILE = "sim.png"
+
+
+def _progress_line(s: Sample) -> str:
+    return (
+        f"t={s.t:7.1f}s live={s.live:5d} consensus={s.consensus_distance:9.3g} "
+        f"(rel {s.relative_distance:8.2g}) acc avg={s.avg_accuracy:.3f} "
+        f"worst={s.worst_accuracy:.3f} rounds={s.rounds_per_node:7.1f} "
+        f"sent/node={s.bytes_per_node / 2**20:8.2f} MiB  [wall {s.wall_s:6.1f}s]"
+    )
+
+
+def plot(samples: list[Sample], path: Path, title: str) -> None:
+    def series(value: str) -> list[tuple[float, float]]:
+        return [(s.t, float(getattr(s, value))) for s in samples]
+
+    plot_panels(
+        [
+            Panel(
+                "consensus distance (1/n) Σ ||x_i - x̄||²",
+                "distance",
+                {"consensus distance": series("consensus_distance")},
+                log_scale=True,
+            ),
+            Panel(
+                "accuracy on the held-out set",
+                "accuracy",
+                {
+                    "averaged model": series("avg_accuracy"),
+                    "worst node": series("worst_accuracy"),
+                    "mean of nodes": series("mean_accuracy"),
+                },
+            ),
+            Panel(
+                "gossip bytes sent per node",
+                "MiB",
+                {"deltas and snapshots": [(t, b / 2**20) for t, b in series("bytes_per_node")]},
+            ),
+            Panel("live nodes", "nodes", {"training": series("live")}),
+        ],
+        path,
+        title,
+        "simulated seconds",
+    )
+
+
+def run_simulation(cfg: SimConfig, out_dir: Path, progress: IO[str] | None = sys.stdout) -> Summary:
+    """Run ``cfg`` to the end; write ``sim.jsonl`` and ``sim.png`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    g = cfg.gossip
+    title = (
+        f"{cfg.nodes} nodes, {g.topology}, {g.codec}, task {cfg.task}, "
+        f"H={g.local_steps}, seed {cfg.seed}"
+    )
+    if progress is not None:
+        print(f"murmur simulate: {title}; {cfg.duration_s:g} simulated seconds", file=progress)
+    started = time.perf_counter()
+    sim = Simulation(cfg)
+    if progress is not None:
+        print(f"  built in {time.perf_counter() - started:.1f} s", file=progress, flush=True)
+    with (out_dir / JSONL_FILE).open("w") as f:
+        f.write(json.dumps({"record": "config", **asdict(cfg)}) + "\n")
+
+        def on_sample(s: Sample) -> None:
+            f.write(json.dumps({"record": "sample", **asdict(s)}) + "\n")
+            f.flush()
+            if progress is not None:
+                print(_progress_line(s), file=progress, flush=True)
+
+        summary = sim.run(on_sample)
+        f.write(json.dumps({"record": "summary", **asdict(summary)}) + "\n")
+    plot(sim.samples, out_dir / PLOT_FILE, title)
+    if progress is not None:
+        print(format_summary(summary, cfg), file=progress)
+        print(f"wrote {out_dir / JSONL_FILE} and {out_dir / PLOT_FILE}", file=progress)
+    return summary
+
+
+def _when(t: float | None) -> str:
+    return "not reached" if t is None else f"{t:.1f} s"
+
+
+def format_summary(s: Summary, cfg: SimConfig) -> str:
+    rounds = "" if s.consensus_rounds is None else f" ({s.consensus_rounds:.0f} rounds)"
+    return "\n".join(
+        [
+            f"consensus (relative distance <= {cfg.consensus_threshold:g}): "
+            f"{_when(s.consensus_s)}{rounds}",
+            f"target accuracy {cfg.target_accuracy:g}: averaged model {_when(s.target_avg_s)}, "
+            f"worst node {_when(s.target_worst_s)}",
+            f"final: averaged {s.final.avg_accuracy:.3f}, worst {s.final.worst_accuracy:.3f}, "
+            f"{s.bytes_per_node / 2**20:.2f} MiB sent per node "
+            f"({s.bytes_per_node_per_round:.0f} B per round)",
+            f"simulator: {s.wall_s:.1f} s wall, {s.events} events, "
+            f"{s.tensor_bytes_per_node / 1024:.1f} KiB of tensors per node",
+        ]
+    )

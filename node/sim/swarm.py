@@ -1,0 +1,353 @@
+"""A simulated swarm: N :class:`SimNode` on one event queue and one modelled network.
+
+At time 0 every node knows every other (a swarm whose joins have settled: no start-up news is
+left to piggyback), links open with a snapshot each, as after a join, and training starts.
+Churn, if any, then takes nodes away (announced or silent) and brings new ones, which join
+through a random live member and pull the model from a neighbour before they link and train.
+
+Every ``eval_every_s`` the swarm is sampled: consensus distance (cheap: one stack of the
+models), the accuracy of the averaged model and of every node's own (the expensive part, on
+the task's shared held-out set), bytes and rounds per node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from gossip.clock import ManualClock
+from gossip.codecs import get_codec
+from gossip.events import EventQueue, LinkLatency, Network
+from gossip.simulate import consensus_distance
+from gossip.swim import SwimMessage
+from node import wire
+from node.flat import FlatParams
+from node.sim.config import SimConfig
+from node.sim.link import REPLY_BYTES
+from node.sim.node import CPU, SimNode
+from node.tasks.base import Shard, Task, evaluate, load_task
+
+__all__ = ["Sample", "Simulation", "Summary"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The swarm at one moment of simulated time ``t`` (live nodes that train)."""
+
+    t: float
+    live: int
+    consensus_distance: float  # (1/n) Σ ||x_i - x̄||²
+    relative_distance: float  # the same over ||x̄||²
+    avg_accuracy: float  # of the averaged model x̄
+    worst_accuracy: float  # of the worst node's own model
+    mean_accuracy: float  # of the nodes' own models, averaged
+    bytes_per_node: float  # gossip (deltas and snapshots) sent, as the daemon counts it
+    swim_bytes_per_node: float  # membership messages sent
+    rounds_per_node: float
+    steps_per_node: float
+    joined: int
+    departed: int
+    wall_s: float
+    events: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """When the swarm first got there (simulated seconds; None: not within the run)."""
+
+    nodes: int
+    topology: str
+    codec: str
+    duration_s: float
+    consensus_s: float | None
+    consensus_rounds: float | None
+    target_avg_s: float | None
+    target_worst_s: float | None
+    target_rounds: float | None
+    bytes_per_node: float
+    bytes_per_node_per_round: float
+    final: Sample
+    wall_s: float
+    events: int
+    tensor_bytes_per_node: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+class Simulation:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.clock = ManualClock()
+        self.events = EventQueue(self.clock)
+        self.rng = random.Random(cfg.seed)
+        lo, hi = cfg.net.latency_s
+        self.network = Network(
+            self.events,
+            LinkLatency(lo, hi, cfg.seed),
+            cfg.net.bandwidth_bps,
+            cfg.net.loss,
+            random.Random(cfg.seed + 1),
+        )
+        self.codec = get_codec(cfg.gossip.codec, cfg.gossip.block_size)
+        self.factory = load_task(cfg.task)
+        self.nodes: dict[str, SimNode] = {}
+        self.gone: list[SimNode] = []
+        self.joined = 0
+        self.pull_bytes = 0
+        self._count = 0
+        self._free_shards: list[int] = []
+        self._started = time.perf_counter()
+        for i in range(cfg.nodes):
+            self._make_node(shard=i)
+        everyone = [n.swim.me for n in self.nodes.values()]
+        for n in self.nodes.values():
+            n.swim.merge(everyone)
+            n.swim.drain_changes()
+            n.swim.clear_updates()
+        for n in self.nodes.values():
+            n.start_links()
+            n.after_swim()
+            n.start_training()
+        self._probe = self._task(0, 0)
+        self._probe_flat = FlatParams(self._probe.model)
+        self.samples: list[Sample] = []
+        churn = cfg.churn
+        for rate, what in (
+            (churn.leave_per_min, self._leave),
+            (churn.crash_per_min, self._crash),
+            (churn.join_per_min, self._join),
+        ):
+            if rate > 0:
+                self._poisson(rate * cfg.nodes / 60.0, what)
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    def _task(self, index: int, shard: int) -> Task:
+        cfg = self.cfg
+        # Seeded right before the factory, as the daemon does, so that every node builds the
+        # same initial model; or a model of its own, to measure consensus from afar.
+        torch.manual_seed(cfg.seed * 7919 + index + 1 if cfg.independent_init else cfg.seed)
+        return self.factory(Shard(shard, cfg.nodes, cfg.alpha, cfg.seed))
+
+    def _make_node(self, shard: int) -> SimNode:
+        cfg = self.cfg
+        index = self._count
+        self._count += 1
+        step_s = cfg.step_time_s
+        if self.rng.random() < cfg.stragglers:
+            step_s *= cfg.straggler_slowdown
+        if cfg.speed_spread:
+            step_s *= math.exp(self.rng.gauss(0.0, cfg.speed_spread))
+        node = SimNode(
+            self,
+            hashlib.sha256(f"murmur-sim|{cfg.seed}|{index}".encode()).hexdigest()[:32],
+            f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}:7070",
+            shard,
+            self._task(index, shard),
+            step_s,
+            session=self.rng.getrandbits(62),
+            incarnation=1,
+            rng=random.Random(self.rng.getrandbits(62)),
+        )
+        self.nodes[node.address] = node
+        return node
+
+    def live_node(self, address: str) -> SimNode | None:
+        node = self.nodes.get(address)
+        return node if node is not None and node.alive else None
+
+    def swim_delivery(self, address: str, message: SwimMessage) -> Callable[[], None]:
+        def deliver() -> None:
+            node = self.live_node(address)
+            if node is not None:
+                node.receive_swim(message)
+
+        return deliver
+
+    # -- churn --------------------------------------------------------------------------------
+
+    def _poisson(self, per_s: float, what: Callable[[], None]) -> None:
+        def fire() -> None:
+            what()
+            self.events.after(self.rng.expovariate(per_s), fire)
+
+        self.events.after(self.rng.expovariate(per_s), fire)
+
+    def _pick_live(self) -> SimNode | None:
+        live = [n for n in self.nodes.values() if n.training]
+        return self.rng.choice(live) if len(live) > 1 else None
+
+    def _depart(self, node: SimNode) -> None:
+        del self.nodes[node.address]
+        self.gone.append(node)
+        self._free_shards.append(node.shard)
+
+    def _leave(self) -> None:
+        node = self._pick_live()
+        if node is not None:
+            self.leave(node)
+
+    def _crash(self) -> None:
+        node = self._pick_live()
+        if node is not None:
+            self.crash(node)
+
+    def _join(self) -> None:
+        helper = self._pick_live()
+        if helper is not None:
+            self.join(helper)
+
+    def leave(self, node: SimNode) -> None:
+        """``node`` says it leaves (SWIM's LEFT, to its neighbours first) and stops."""
+        node.leave()
+        self._depart(node)
+
+    def crash(self, node: SimNode) -> None:
+        """``node`` stops without a word: its host vanished."""
+        node.stop()
+        self._depart(node)
+
+    def join(self, helper: SimNode) -> SimNode:
+        """A new node says hello to ``helper`` (one round trip), learns the member list, pulls
+        the model from a neighbour (else from ``helper``), then links and trains."""
+        if self._free_shards:
+            shard = self._free_shards.pop(self.rng.randrange(len(self._free_shards)))
+        else:
+            shard = self.rng.randrange(self.cfg.nodes)
+        node = self._make_node(shard)
+        self.joined += 1
+
+        def introduced() -> None:
+            if not helper.alive or not node.alive:
+                return
+            node.swim.merge(helper.swim.records())
+            node.swim.drain_changes()
+            helper.swim.merge([node.swim.me])
+            helper.after_swim()
+            g = self.cfg.gossip
+            near = list(node.view.neighbours(g.topology, degree=g.degree, seed=g.seed).values())
+            self.rng.shuffle(near)
+            sources = [s for m in near if (s := self.live_node(m.address)) and s.training]
+            self._pull(node, sources[0] if sources else helper)
+
+        rtt = 2 * self.network.latency(node.address, helper.address)
+        self.events.after(rtt, introduced)
+        return node
+
+    def _pull(self, node: SimNode, source: SimNode) -> None:
+        def at_source() -> None:
+            if not node.alive:
+                return
+            if not source.alive:
+                self._pull(node, self.rng.choice([n for n in self.nodes.values() if n.training]))
+                return
+            values = source.flat.flat.clone()
+            node.pulled_from = source.node_id
+            nbytes = wire.model_nbytes(values.numel(), source.step)
+            self.pull_bytes += nbytes
+            self.network.send(
+                source.address, node.address, nbytes, lambda: pulled(values), lossy=False
+            )
+
+        def pulled(values: torch.Tensor) -> None:
+            if not node.alive:
+                return
+            node.adopt(values, session=self.rng.getrandbits(62))
+            node.start_links()
+            node.after_swim()
+            node.start_training()
+
+        self.network.send(node.address, source.address, REPLY_BYTES, at_source, lossy=False)
+
+    # -- running and sampling -----------------------------------------------------------------
+
+    def run(self, on_sample: Callable[[Sample], None] = lambda s: None) -> Summary:
+        """Run to ``duration_s``, sampling every ``eval_every_s`` (and at 0 and the end)."""
+        cfg = self.cfg
+        t = 0.0
+        while True:
+            self.events.run_until(t)
+            sample = self.sample()
+            self.samples.append(sample)
+            on_sample(sample)
+            if t >= cfg.duration_s:
+                break
+            t = min(t + cfg.eval_every_s, cfg.duration_s)
+        return self.summary()
+
+    def _accuracy(self, task: Task) -> float:
+        return evaluate(task.model, task.eval, task.loss, CPU)[1]
+
+    def sample(self) -> Sample:
+        live = [n for n in self.nodes.values() if n.training]
+        everyone = [*self.nodes.values(), *self.gone]
+        slots = max(1, len(everyone))
+        models = {n.node_id: n.flat.flat for n in live}
+        if live:
+            mean = torch.stack(list(models.values())).mean(dim=0)
+            cd = consensus_distance(models)
+            self._probe_flat.flat.copy_(mean)
+            avg = self._accuracy(self._probe)
+            accs = [self._accuracy(n.task) for n in live]
+            rel = cd / max(float(mean.double().pow(2).sum()), 1e-30)
+        else:
+            cd = rel = avg = math.nan
+            accs = [math.nan]
+        return Sample(
+            t=self.clock.now(),
+            live=len(live),
+            consensus_distance=cd,
+            relative_distance=rel,
+            avg_accuracy=avg,
+            worst_accuracy=min(accs),
+            mean_accuracy=sum(accs) / len(accs),
+            bytes_per_node=sum(n.counters.bytes_sent for n in everyone) / slots,
+            swim_bytes_per_node=sum(n.swim_bytes for n in everyone) / slots,
+            rounds_per_node=sum(n.counters.rounds for n in live) / max(1, len(live)),
+            steps_per_node=sum(n.step for n in live) / max(1, len(live)),
+            joined=self.joined,
+            departed=len(self.gone),
+            wall_s=time.perf_counter() - self._started,
+            events=self.events.processed,
+        )
+
+    def summary(self) -> Summary:
+        cfg = self.cfg
+        samples = self.samples
+
+        def first(ok: Callable[[Sample], bool]) -> Sample | None:
+            return next((s for s in samples if s.t > 0 and ok(s)), None)
+
+        consensus = first(lambda s: s.relative_distance <= cfg.consensus_threshold)
+        target_avg = first(lambda s: s.avg_accuracy >= cfg.target_accuracy)
+        target_worst = first(lambda s: s.worst_accuracy >= cfg.target_accuracy)
+        final = samples[-1]
+        live = [n for n in self.nodes.values() if n.training]
+        return Summary(
+            nodes=cfg.nodes,
+            topology=cfg.gossip.topology,
+            codec=cfg.gossip.codec,
+            duration_s=final.t,
+            consensus_s=consensus.t if consensus else None,
+            consensus_rounds=consensus.rounds_per_node if consensus else None,
+            target_avg_s=target_avg.t if target_avg else None,
+            target_worst_s=target_worst.t if target_worst else None,
+            target_rounds=target_avg.rounds_per_node if target_avg else None,
+            bytes_per_node=final.bytes_per_node,
+            bytes_per_node_per_round=final.bytes_per_node / max(final.rounds_per_node, 1e-9),
+            final=final,
+            wall_s=final.wall_s,
+            events=final.events,
+            tensor_bytes_per_node=sum(n.tensor_bytes() for n in live) / max(1, len(live)),
+        )

@@ -1,0 +1,74 @@
+"""The round's decisions shared by the daemon and the simulator."""
+
+from __future__ import annotations
+
+import torch
+
+from gossip.clock import ManualClock
+from gossip.codecs import get_codec
+from gossip.membership import relink
+from gossip.messages import Member
+from gossip.mixing import RoundPacer, mixing_weights, send_and_mix
+from gossip.replicas import GossipState
+
+
+def state(clock: ManualClock, value: float = 0.0) -> GossipState:
+    return GossipState(torch.full((8,), value), get_codec("fp32", 8), clock)
+
+
+def test_weights_use_the_larger_degree_and_leave_out_silent_and_unsynced_neighbours() -> None:
+    clock = ManualClock()
+    s = state(clock)
+    s.set_peers(frozenset({"a", "b", "c"}))
+    s.receive_snapshot("a", 1, 0, torch.ones(8), degree=4)
+    s.receive_snapshot("b", 1, 0, torch.ones(8), degree=1)
+    clock.advance(10.0)
+    s.receive_snapshot("a", 1, 1, torch.ones(8), degree=4)  # a spoke again; b did not
+    assert mixing_weights(s, ["a", "b", "c"], degree=2, silence_limit_s=5.0) == {"a": 1 / 5}
+    assert mixing_weights(s, ["a", "b", "c"], degree=2, silence_limit_s=20.0) == {
+        "a": 1 / 5,
+        "b": 1 / 3,
+    }
+
+
+def test_a_round_sends_the_change_and_pulls_toward_the_replicas() -> None:
+    clock = ManualClock()
+    s = state(clock)
+    s.set_peers(frozenset({"a"}))
+    s.receive_snapshot("a", 1, 0, torch.full((8,), 3.0), degree=1)
+    x = torch.full((8,), 1.0)
+    seq, payload = send_and_mix(s, x, gamma=1.0, neighbours=["a"], silence_limit_s=5.0)
+    assert seq == 1
+    assert torch.equal(s.public, torch.full((8,), 1.0))  # fp32: x̂ caught up with x exactly
+    assert payload.numel == 8
+    # x += 1 * (1/2) * (3 - 1)
+    assert torch.equal(x, torch.full((8,), 2.0))
+
+
+def test_set_peers_forgets_the_replicas_of_those_that_go() -> None:
+    s = state(ManualClock())
+    s.set_peers(frozenset({"a", "b"}))
+    s.receive_snapshot("a", 1, 0, torch.ones(8))
+    assert s.set_peers(frozenset({"b", "c"})) == frozenset({"a"})
+    assert s.peers == frozenset({"b", "c"})
+    assert "a" not in s.replicas
+
+
+def test_the_pacer_waits_for_local_steps_and_idle_links() -> None:
+    pacer = RoundPacer(local_steps=3)
+    assert not pacer.due(2)
+    assert pacer.due(3)
+    pacer.links_idle = False
+    assert not pacer.begin(3)
+    pacer.links_idle = True
+    assert pacer.begin(3)
+    assert not pacer.begin(3)  # one round at a time
+    pacer.end()
+    assert not pacer.due(5)
+    assert pacer.due(6)
+
+
+def test_relink_closes_gone_and_moved_neighbours_and_opens_new_ones() -> None:
+    linked = {"a": Member("a", "h:1"), "b": Member("b", "h:2"), "c": Member("c", "h:3")}
+    wanted = {"b": Member("b", "h:2"), "c": Member("c", "h:9"), "d": Member("d", "h:4")}
+    assert relink(linked, wanted) == (["a", "c"], ["c", "d"])

@@ -1,0 +1,157 @@
+"""The simulator: small swarms on simulated time, checked for what the daemon guarantees."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gossip.swim import Status
+from node.cli import main
+from node.config import GossipConfig
+from node.sim import NetConfig, SimConfig, Simulation
+from node.sim.node import SimNode
+from node.sim.run import JSONL_FILE, PLOT_FILE
+
+BASE = SimConfig(
+    nodes=8,
+    duration_s=4.0,
+    eval_every_s=2.0,
+    gossip=GossipConfig(topology="exponential", codec="int8"),
+)
+
+
+def replicas_match(nodes: list[SimNode]) -> bool:
+    by_id = {n.node_id: n for n in nodes}
+    for receiver in nodes:
+        for peer_id, replica in receiver.state.replicas.items():
+            sender = by_id[peer_id]
+            if replica.session != sender.state.session or replica.seq != sender.state.seq:
+                return False
+            if not torch.equal(replica.value, sender.state.public):
+                return False
+    return True
+
+
+def test_a_small_swarm_trains_to_the_target_and_agrees() -> None:
+    sim = Simulation(BASE)
+    summary = sim.run()
+    final = summary.final
+    assert final.live == 8
+    assert final.avg_accuracy >= BASE.target_accuracy
+    assert final.worst_accuracy >= BASE.target_accuracy - 0.05
+    assert final.relative_distance <= BASE.consensus_threshold
+    # Offsets 1, 2 and 4 on a ring of 8: 5 neighbours, each sent an int8 delta of 512 payload
+    # bytes (two blocks of 256) per round.
+    assert all(n.degree == 5 for n in sim.nodes.values())
+    assert 5 * 512 < summary.bytes_per_node_per_round < 5 * 4 * 330
+
+
+def test_rounds_are_paced_by_the_links_round_trips() -> None:
+    fast = Simulation(dataclasses.replace(BASE, net=NetConfig(latency_s=(0.001, 0.001))))
+    slow = Simulation(dataclasses.replace(BASE, net=NetConfig(latency_s=(0.1, 0.1))))
+    fast.events.run_until(4.01)
+    slow.events.run_until(4.01)
+    f, s = fast.sample(), slow.sample()
+    assert f.steps_per_node == s.steps_per_node == 200
+    assert f.rounds_per_node >= 0.95 * f.steps_per_node  # a round every step
+    # A link is busy with 2 deltas unacknowledged: at most 2 rounds per 0.2 s round trip once
+    # it streams, besides a round per step during the first snapshot's round trip.
+    assert s.rounds_per_node <= 2 * 4.0 / 0.2 + 0.2 / 0.02 + 2
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.2])
+def test_replicas_end_bit_identical_to_their_senders_even_when_deltas_are_lost(
+    loss: float,
+) -> None:
+    cfg = dataclasses.replace(
+        BASE,
+        steps=60,
+        gossip=dataclasses.replace(BASE.gossip, idle_round_interval_s=1e9),
+        net=NetConfig(loss=loss),
+    )
+    sim = Simulation(cfg)
+    sim.events.run_until(30.0)
+    nodes = list(sim.nodes.values())
+    assert all(n.step == 60 for n in nodes)
+    assert all(len(n.state.replicas) == 5 for n in nodes)
+    assert replicas_match(nodes)
+    failures = sum(link.stats.failures for n in nodes for link in n.links.values())
+    assert (failures > 0) == (loss > 0)  # losses broke streams, and snapshots repaired them
+
+
+def test_a_crashed_node_leaves_every_view_and_its_neighbours_gossip_again() -> None:
+    cfg = dataclasses.replace(BASE, nodes=16, duration_s=60.0)
+    sim = Simulation(cfg)
+    sim.events.run_until(3.0)
+    victim = next(iter(sim.nodes.values()))
+    sim.crash(victim)
+    neighbours = [sim.nodes[m.address] for m in victim.view.neighbours("exponential").values()]
+    deadline = 3.0 + cfg.membership.detection_deadline_s(16)
+    sim.events.run_until(deadline)
+    rounds = {n.node_id: n.counters.rounds for n in neighbours}
+    for n in sim.nodes.values():
+        assert n.swim.record(victim.node_id).status is Status.DEAD  # type: ignore[union-attr]
+        assert victim.node_id not in n.links
+    sim.events.run_until(deadline + 2.0)
+    assert all(n.counters.rounds > rounds[n.node_id] + 10 for n in neighbours)
+
+
+def test_a_joiner_pulls_the_model_links_and_is_known_to_everyone() -> None:
+    cfg = dataclasses.replace(BASE, duration_s=30.0)
+    sim = Simulation(cfg)
+    sim.events.run_until(4.0)
+    helper = next(iter(sim.nodes.values()))
+    joiner = sim.join(helper)
+    sim.events.run_until(4.5)
+    assert joiner.pulled_from is not None
+    assert joiner.training
+    sim.events.run_until(12.0)
+    everyone = list(sim.nodes.values())
+    assert len(everyone) == 9
+    for n in everyone:
+        assert joiner.node_id in {m.node_id for m in n.view.members}
+    assert set(joiner.links) == set(joiner.neighbours)
+    assert all(link.healthy for link in joiner.links.values())
+    sample = sim.sample()
+    assert sample.worst_accuracy >= cfg.target_accuracy - 0.05
+
+
+def test_stragglers_step_slower_and_nobody_waits_for_them() -> None:
+    cfg = dataclasses.replace(BASE, stragglers=0.5, straggler_slowdown=5.0, duration_s=4.0)
+    sim = Simulation(cfg)
+    sim.events.run_until(4.0)
+    steps = sorted(n.step for n in sim.nodes.values())
+    assert steps[0] <= 45  # 4 s at 0.1 s a step
+    assert steps[-1] >= 195  # 4 s at 0.02 s a step
+
+
+def test_simulate_writes_samples_a_summary_and_a_plot(tmp_path: Path) -> None:
+    code = main(
+        [
+            "simulate",
+            "--nodes",
+            "6",
+            "--duration",
+            "3",
+            "--eval-every",
+            "1",
+            "--topology",
+            "ring",
+            "--churn",
+            "0.5",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    records = [json.loads(line) for line in (tmp_path / JSONL_FILE).read_text().splitlines()]
+    assert [r["record"] for r in records] == ["config"] + ["sample"] * 4 + ["summary"]
+    assert [r["t"] for r in records[1:-1]] == [0.0, 1.0, 2.0, 3.0]
+    assert records[0]["gossip"]["topology"] == "ring"
+    assert records[-1]["nodes"] == 6
+    assert (tmp_path / PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
