@@ -140,7 +140,6 @@ class SimLink:
         if not self.outbox.needs_snapshot:  # else the queue overflowed meanwhile: a fresher one
             self._streams += 1
             self.stream = self._streams
-        self.owner.links_changed()
         self.pump()
 
     def _send_delta(self, delta: Delta) -> None:
@@ -187,7 +186,6 @@ class SimLink:
             self._failed(result)
             return
         self.outbox.acked()
-        self.owner.links_changed()
 
     # -- failures -----------------------------------------------------------------------------
 
@@ -200,7 +198,6 @@ class SimLink:
         if isinstance(err, Rejected):
             self.outbox.refused()
             if err.reason in (Reason.GAP, Reason.STALE):
-                self.owner.links_changed()
                 self.pump()  # the snapshot repairs it
                 return
             self.stats.failures += 1
@@ -210,7 +207,6 @@ class SimLink:
         else:
             self.stats.failures += 1
             self.outbox.lost()
-        self.owner.links_changed()
         sim = self.owner.sim
         delay = self._backoff * sim.rng.uniform(0.5, 1.0)
         self._resume_at = sim.events.now() + delay

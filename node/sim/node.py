@@ -173,12 +173,13 @@ class SimNode:
         self.try_round()
         self.sim.events.after(self.sim.cfg.gossip.idle_round_interval_s, self._idle_round)
 
-    def links_changed(self) -> None:
-        self.pacer.links_idle = not any(link.busy for link in self.links.values())
-
     def try_round(self) -> bool:
-        """Make a round unless a link is still busy (RoundPacer); offer it to every link."""
-        self.links_changed()
+        """Make a round unless a link is still busy (RoundPacer); offer it to every link.
+
+        The daemon tells the pacer whenever a link may have turned busy or idle; here nothing
+        happens between two events, so asking the links when a round is due is the same.
+        """
+        self.pacer.links_idle = not any(link.busy for link in self.links.values())
         if not self.pacer.begin(self.step):
             return False
         try:
@@ -272,7 +273,6 @@ class SimNode:
                 # The ping carries our record: a neighbour that has not heard of us yet
                 # counts us as its neighbour now.
                 self.send_swim([self.swim.ping(wanted[peer_id].address)])
-        self.links_changed()
 
     # -- joining ------------------------------------------------------------------------------
 
