@@ -85,10 +85,10 @@ def steady_start(sim: SwimSimulation) -> None:
     records for piggybacking, ``retransmit_limit(n)`` times each: at 128 members, messages are
     full of this start-up news for about 100 seconds, and sorting it makes those seconds the
     slowest to simulate. A swarm that has been up for a while has sent it long ago, so the
-    queues are emptied (a private field: the core has no public way to do it).
+    queues are emptied (``Swim.clear_updates``).
     """
     for member in sim.members.values():
-        member._dissemination.clear()
+        member.clear_updates()
 
 
 def quiet_seconds(n: int, quiet_s: float) -> float:

@@ -100,3 +100,23 @@ def test_tasks_load_from_a_module_or_a_file(tmp_path: Path) -> None:
 def test_a_task_that_cannot_be_found_says_why(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_task(spec)
+
+
+def test_the_logistic_task_splits_like_the_others_and_shares_one_eval_set() -> None:
+    from node.tasks.logistic import CLASSES, make_task
+
+    tasks = [load_task("logistic")(Shard(i, 8, 0.5, seed=0)) for i in range(8)]
+    labels = [t.train.tensors[1] for t in tasks]  # type: ignore[attr-defined]
+    assert sum(len(y) for y in labels) == 4096  # the pool's minimum, all of it, split
+    assert all(t.eval is tasks[0].eval for t in tasks)  # one set, not eight copies
+    mixes = [np.bincount(y.numpy(), minlength=CLASSES) / len(y) for y in labels]
+    skew = np.mean([0.5 * np.abs(m - 1 / CLASSES).sum() for m in mixes])
+    assert skew > 0.3  # Dirichlet(0.5): each shard leans on a few classes
+    # Every node builds the same initial model from the same seed, as with the other tasks.
+    torch.manual_seed(0)
+    a = make_task(Shard(0, 8))
+    torch.manual_seed(0)
+    b = make_task(Shard(5, 8))
+    assert all(
+        torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True)
+    )
