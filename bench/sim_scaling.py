@@ -32,7 +32,7 @@ THRESHOLD = 1e-2
 TARGET = 0.8
 
 
-def config(n: int, topology: str, duration_s: float) -> SimConfig:
+def config(n: int, topology: str, duration_s: float, gossip_only: bool = False) -> SimConfig:
     return SimConfig(
         nodes=n,
         task="logistic",
@@ -40,11 +40,13 @@ def config(n: int, topology: str, duration_s: float) -> SimConfig:
         seed=0,
         independent_init=True,
         step_time_s=0.1,
+        # Gossip alone: no training, a round every 0.1 s (a node whose budget is spent).
+        steps=0 if gossip_only else None,
         duration_s=duration_s,
-        eval_every_s=0.5,
+        eval_every_s=0.2 if gossip_only else 0.5,
         consensus_threshold=THRESHOLD,
         target_accuracy=TARGET,
-        gossip=GossipConfig(topology=topology, degree=4, codec="int8"),
+        gossip=GossipConfig(topology=topology, degree=4, codec="int8", idle_round_interval_s=0.1),
         net=NetConfig(latency_s=(0.01, 0.05), bandwidth_bps=1.25e6),
     )
 
@@ -66,6 +68,27 @@ def row(n: int, topology: str, r: dict[str, Any]) -> str:
     )
 
 
+def gossip_row(n: int, topology: str, r: dict[str, Any]) -> str:
+    samples = r["samples"]
+    cd0 = samples[0]["consensus_distance"]
+
+    def rounds_to(factor: float) -> str:
+        s = next((x for x in samples if x["consensus_distance"] <= cd0 / factor), None)
+        return "—" if s is None else f"{s['rounds_per_node']:.0f}"
+
+    last = samples[-1]
+    return (
+        f"| {topology} | {n} | {rounds_to(1e2)} | {rounds_to(1e4)} | "
+        f"{last['consensus_distance'] / cd0:.2g} | {last['rounds_per_node']:.0f} | "
+        f"{r['wall_s']:.0f} |"
+    )
+
+
+GOSSIP_HEADER = (
+    "| topology | N | rounds to CD/100 | rounds to CD/10⁴ | CD end / CD start | rounds | "
+    "wall s |\n|---|---:|---:|---:|---:|---:|---:|"
+)
+
 HEADER = (
     "| topology | N | consensus ≤ 0.01: s (rounds) | rel. distance at end | "
     "avg ≥ 0.8: s (rounds) | worst ≥ 0.8: s (rounds) | worst acc at end | MiB sent / node | "
@@ -79,19 +102,23 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 1024])
     p.add_argument("--topologies", nargs="+", default=["ring", "exponential", "random-regular"])
     p.add_argument("--duration", type=float, default=10.0)
-    p.add_argument("--one", nargs=3, metavar=("N", "TOPOLOGY", "DURATION"))
+    p.add_argument("--gossip-only", action="store_true", help="no training: mixing alone")
+    p.add_argument("--one", nargs="+", metavar="N TOPOLOGY DURATION [GOSSIP_ONLY]")
     p.add_argument("--out", help="also write every run's result as JSON lines here")
     args = p.parse_args()
     if args.one:
         n, topology, duration = int(args.one[0]), args.one[1], float(args.one[2])
-        print(json.dumps(run_here(config(n, topology, duration))))
+        print(json.dumps(run_here(config(n, topology, duration, args.one[3:] == ["1"]))))
         return
     started = time.perf_counter()
-    print(HEADER, flush=True)
+    print(GOSSIP_HEADER if args.gossip_only else HEADER, flush=True)
     for n in args.sizes:
         for topology in args.topologies:
-            r = run_child("bench.sim_scaling", [str(n), topology, str(args.duration)])
-            print(row(n, topology, r), flush=True)
+            r = run_child(
+                "bench.sim_scaling",
+                [str(n), topology, str(args.duration), "1" if args.gossip_only else "0"],
+            )
+            print((gossip_row if args.gossip_only else row)(n, topology, r), flush=True)
             if args.out:
                 with open(args.out, "a") as f:
                     f.write(json.dumps({"n": n, "topology": topology, **r}) + "\n")

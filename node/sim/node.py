@@ -135,7 +135,10 @@ class SimNode:
 
     def start_training(self) -> None:
         self.training = True
-        self.sim.events.after(self.step_s, self._local_step)
+        if self.sim.cfg.steps == 0:  # gossip alone, as a node whose budget is spent
+            self.sim.events.after(self.sim.cfg.gossip.idle_round_interval_s, self._idle_round)
+        else:
+            self.sim.events.after(self.step_s, self._local_step)
 
     def stop(self) -> None:
         """Gone (crashed, or after saying so): nothing of it runs any more."""
