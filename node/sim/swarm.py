@@ -102,7 +102,10 @@ class Simulation:
         self.codec = get_codec(cfg.gossip.codec, cfg.gossip.block_size)
         self.factory = load_task(cfg.task)
         self.nodes: dict[str, SimNode] = {}
-        self.gone: list[SimNode] = []
+        #: Nodes gone, and what they sent (a departed node's model and data are let go).
+        self.departed = 0
+        self._gone_bytes = 0
+        self._gone_swim_bytes = 0
         self.joined = 0
         self.pull_bytes = 0
         self._count = 0
@@ -190,7 +193,9 @@ class Simulation:
 
     def _depart(self, node: SimNode) -> None:
         del self.nodes[node.address]
-        self.gone.append(node)
+        self.departed += 1
+        self._gone_bytes += node.counters.bytes_sent
+        self._gone_swim_bytes += node.swim_bytes
         self._free_shards.append(node.shard)
 
     def _leave(self) -> None:
@@ -291,8 +296,8 @@ class Simulation:
 
     def sample(self) -> Sample:
         live = [n for n in self.nodes.values() if n.training]
-        everyone = [*self.nodes.values(), *self.gone]
-        slots = max(1, len(everyone))
+        everyone = list(self.nodes.values())
+        slots = max(1, len(everyone) + self.departed)
         models = {n.node_id: n.flat.flat for n in live}
         if live:
             mean = torch.stack(list(models.values())).mean(dim=0)
@@ -312,12 +317,14 @@ class Simulation:
             avg_accuracy=avg,
             worst_accuracy=min(accs),
             mean_accuracy=sum(accs) / len(accs),
-            bytes_per_node=sum(n.counters.bytes_sent for n in everyone) / slots,
-            swim_bytes_per_node=sum(n.swim_bytes for n in everyone) / slots,
+            bytes_per_node=(sum(n.counters.bytes_sent for n in everyone) + self._gone_bytes)
+            / slots,
+            swim_bytes_per_node=(sum(n.swim_bytes for n in everyone) + self._gone_swim_bytes)
+            / slots,
             rounds_per_node=sum(n.counters.rounds for n in live) / max(1, len(live)),
             steps_per_node=sum(n.step for n in live) / max(1, len(live)),
             joined=self.joined,
-            departed=len(self.gone),
+            departed=self.departed,
             wall_s=time.perf_counter() - self._started,
             events=self.events.processed,
         )
