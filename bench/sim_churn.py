@@ -1,6 +1,7 @@
 """Time to target under churn: N = 256, 0%, 1% and 5% of the nodes replaced per simulated minute.
 
-    python -m bench.sim_churn [--nodes 256] [--rates 0 0.01 0.05] [--duration 60] [--seeds 1]
+    python -m bench.sim_churn [--nodes 256] [--rates 0 0.01 0.05] [--duration 40] [--seeds 1]
+        [--first-seed 0]
 
 Every run: the logistic task, Dirichlet(0.5) shards, int8, random 4-regular graphs (the
 exponential graph's 16 neighbours at N = 256 cost four times the simulator's time), one local
@@ -80,6 +81,7 @@ def main() -> None:
     p.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.01, 0.05])
     p.add_argument("--duration", type=float, default=40.0)
     p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--one", nargs=4, metavar=("N", "RATE", "DURATION", "SEED"))
     p.add_argument("--out", help="also write every run's result as JSON lines here")
     args = p.parse_args()
@@ -89,7 +91,7 @@ def main() -> None:
         return
     started = time.perf_counter()
     print(HEADER, flush=True)
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for rate in args.rates:
             r = run_child(
                 "bench.sim_churn", [str(args.nodes), str(rate), str(args.duration), str(seed)]
