@@ -9,7 +9,11 @@ The neighbour's replica of this node's public copy x̂ is a replicated log (goss
   ``queue`` deltas however slow the neighbour is;
 * a snapshot is also owed to a new neighbour, after a failed send (the neighbour may have missed
   a delta), and when the neighbour reports a gap or a stale message;
-* a delta that a snapshot already covers (its seq is not after the snapshot's) is never sent.
+* a delta that a snapshot already covers (its seq is not after the snapshot's) is never sent;
+* a link is *busy* (a new round would only wait in line) while ``window`` deltas are unanswered
+  or queued, but not once an answer is *overdue*: later than ``overdue_factor`` times the link's
+  usual answer time (and at least ``overdue_min_s``). A neighbour that vanished without a word
+  then holds up this node's rounds for a few answer times, not until membership declares it dead.
 
 It is pure and synchronous; node/links.py drives it over a transport and the simulator over its
 modelled network, so both follow the same policy.
@@ -34,10 +38,14 @@ class OutboxConfig:
 
     queue: int = 16
     window: int = 2
+    overdue_min_s: float = 2.0
+    overdue_factor: float = 4.0
 
     def __post_init__(self) -> None:
         if self.queue < 1 or self.window < 1:
             raise ValueError("queue and window must be at least 1")
+        if self.overdue_min_s <= 0 or self.overdue_factor < 1:
+            raise ValueError("overdue_min_s must be positive and overdue_factor at least 1")
 
 
 class Outbox:
@@ -52,15 +60,44 @@ class Outbox:
         self.in_flight = 0
         #: How many times the queue overflowed into a resync.
         self.overflows = 0
+        #: Smoothed seconds from a send to its answer; None before the first answer.
+        self.answer_s: float | None = None
+        self._sent_at: deque[float] = deque()  # send times of the unanswered deltas
+        self._waiting_since: float | None = None  # the oldest unanswered send (or snapshot)
 
     def __len__(self) -> int:
         return len(self._pending)
+
+    @property
+    def overdue_after_s(self) -> float:
+        """How long an answer may take before it counts as overdue."""
+        usual = 0.0 if self.answer_s is None else self.cfg.overdue_factor * self.answer_s
+        return max(self.cfg.overdue_min_s, usual)
+
+    def overdue_at(self) -> float | None:
+        """When the oldest unanswered send becomes overdue; None while nothing is unanswered."""
+        if self._waiting_since is None:
+            return None
+        return self._waiting_since + self.overdue_after_s
+
+    def overdue(self, now: float) -> bool:
+        at = self.overdue_at()
+        return at is not None and now > at
+
+    def _answered(self, sent: float, now: float) -> None:
+        sample = max(0.0, now - sent)
+        self.answer_s = sample if self.answer_s is None else 0.8 * self.answer_s + 0.2 * sample
 
     @property
     def busy(self) -> bool:
         """Another round now would only wait in line behind ``window`` others (unacknowledged or
         queued; while a snapshot travels, queued ones)."""
         return self.in_flight + len(self._pending) >= self.cfg.window
+
+    def busy_at(self, now: float) -> bool:
+        """:attr:`busy`, unless the neighbour's answer is overdue: then it no longer holds up
+        the node's rounds (what it misses, the queue or a snapshot will bring)."""
+        return self.busy and not self.overdue(now)
 
     def offer(self, delta: Delta) -> None:
         """Queue ``delta``; a full queue is dropped in favour of a snapshot."""
@@ -78,26 +115,41 @@ class Outbox:
                 return delta
         return None
 
-    def snapshot_taken(self, seq: int) -> None:
+    def snapshot_taken(self, seq: int, now: float) -> None:
         """A snapshot of x̂ at ``seq`` is on its way: deltas up to ``seq`` are moot. Call it when
         x̂ is read, before the snapshot is sent: an overflow while it travels owes another, and a
-        failed send calls :meth:`lost`."""
+        failed send calls :meth:`lost`; its answer calls :meth:`snapshot_answered`."""
         self.synced_seq = seq
         self.needs_snapshot = False
         self.in_flight = 0
+        self._sent_at.clear()
+        self._waiting_since = now
 
-    def delta_sent(self, delta: Delta) -> None:
+    def snapshot_answered(self, now: float) -> None:
+        if self._waiting_since is not None and self.answer_s is None:
+            self._answered(self._waiting_since, now)  # a first, generous estimate
+        self._waiting_since = None
+
+    def delta_sent(self, delta: Delta, now: float) -> None:
         self.synced_seq = delta.seq
         self.in_flight += 1
+        self._sent_at.append(now)
+        if self._waiting_since is None:
+            self._waiting_since = now
 
-    def acked(self) -> None:
+    def acked(self, now: float) -> None:
         self.in_flight = max(0, self.in_flight - 1)
+        if self._sent_at:
+            self._answered(self._sent_at.popleft(), now)
+        self._waiting_since = self._sent_at[0] if self._sent_at else None
 
     def refused(self) -> None:
         """The neighbour reported a gap or a stale message: resync; the queue may still serve
         (its deltas after the snapshot's seq go out once the snapshot did)."""
         self.needs_snapshot = True
         self.in_flight = 0
+        self._sent_at.clear()
+        self._waiting_since = None
 
     def lost(self) -> None:
         """A send failed or the neighbour could not be reached: whatever it missed, a snapshot
@@ -105,3 +157,5 @@ class Outbox:
         self._pending.clear()
         self.needs_snapshot = True
         self.in_flight = 0
+        self._sent_at.clear()
+        self._waiting_since = None

@@ -93,6 +93,7 @@ class PeerLink:
         self._error: Exception | None = None
         self._stream: DeltaStream | None = None
         self._sending_snapshot = False
+        self._overdue_timer: asyncio.TimerHandle | None = None
         self._reader: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -102,6 +103,8 @@ class PeerLink:
         self._task = asyncio.create_task(self._run(), name=f"link-{self.peer.node_id[:8]}")
 
     async def stop(self) -> None:
+        if self._overdue_timer is not None:
+            self._overdue_timer.cancel()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -130,8 +133,10 @@ class PeerLink:
         """A link that cannot take another round without it waiting in line: streaming with
         ``window`` deltas unacknowledged or queued, or sending a snapshot with ``window`` queued
         behind it. A link backing off after a failure is never busy, so a dead neighbour does
-        not hold up the others' rounds."""
-        return (self.healthy or self._sending_snapshot) and self.outbox.busy
+        not hold up the others' rounds, nor is one whose answer is overdue (a neighbour that
+        vanished without a word), so it holds them up for a few answer times at most."""
+        now = asyncio.get_running_loop().time()
+        return (self.healthy or self._sending_snapshot) and self.outbox.busy_at(now)
 
     def offer(self, delta: Delta) -> None:
         """Queue a delta; never blocks. A full queue is dropped in favour of a resync."""
@@ -140,6 +145,24 @@ class PeerLink:
         self._on_change()
 
     # -- sending ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def _arm_overdue_timer(self) -> None:
+        """Wake the node when the oldest answer becomes overdue: the link then stops being busy
+        without anything else happening."""
+        if self._overdue_timer is not None:
+            self._overdue_timer.cancel()
+            self._overdue_timer = None
+        at = self.outbox.overdue_at()
+        if at is not None:
+            self._overdue_timer = asyncio.get_running_loop().call_at(at + 1e-3, self._on_change)
+
+    def _changed(self) -> None:
+        self._arm_overdue_timer()
+        self._on_change()
 
     async def _drop_stream(self) -> None:
         reader, self._reader = self._reader, None
@@ -153,8 +176,8 @@ class PeerLink:
         try:
             while True:
                 await stream.next_ack()
-                self.outbox.acked()
-                self._on_change()
+                self.outbox.acked(self._now())
+                self._changed()
         except (Rejected, Unreachable) as err:
             self._error = err  # handled by the sending loop, which this wakes
             self._wake.set()
@@ -163,13 +186,15 @@ class PeerLink:
         # The old stream goes first: a snapshot must not overtake deltas it already covers.
         await self._drop_stream()
         header, values = await self._snapshot()
-        self.outbox.snapshot_taken(header.seq)
+        self.outbox.snapshot_taken(header.seq, self._now())
         self._sending_snapshot = True
+        self._changed()
         try:
             timeout_s = transfer_timeout_s(self.cfg.call_timeout_s, wire.snapshot_nbytes(header))
             await self.transport.call_push_snapshot(self.peer.address, header, values, timeout_s)
         finally:
             self._sending_snapshot = False
+        self.outbox.snapshot_answered(self._now())
         nbytes = wire.snapshot_nbytes(header)
         self.stats.snapshots_sent += 1
         self.stats.bytes_sent += nbytes
@@ -184,7 +209,8 @@ class PeerLink:
     async def _send_delta(self, delta: Delta) -> None:
         assert self._stream is not None
         await self._stream.send(delta)
-        self.outbox.delta_sent(delta)
+        self.outbox.delta_sent(delta, self._now())
+        self._arm_overdue_timer()
         nbytes = wire.delta_nbytes(delta)
         self.stats.deltas_sent += 1
         self.stats.bytes_sent += nbytes
@@ -239,7 +265,7 @@ class PeerLink:
                 self.outbox.lost()
                 log.debug("%s unreachable: %s", self.peer.node_id[:8], err)
             finally:
-                self._on_change()
+                self._changed()
             # Back off with jitter before trying again, so a dead peer costs little.
             await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
             backoff = min(2 * backoff, self.cfg.backoff_max_s)

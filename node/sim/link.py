@@ -12,8 +12,8 @@ later and the receiver as a gap in what still arrives on it; the link then resyn
 after its backoff, as on any failure. Snapshot calls and acknowledgements are not lost (the
 transport retries them). A call to a node that is gone fails after its deadline (the daemon's
 ``transfer_timeout_s``); deltas streamed to it vanish without an answer, so the link stays busy
-with them until membership declares the node dead and the topology closes the link, as an open
-stream to a vanished host does until keepalive gives up.
+with them until their answer is overdue (as the Outbox judges it, from the link's usual answer
+time), then no longer holds up the node's rounds, as in the daemon.
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ class SimLink:
 
     @property
     def busy(self) -> bool:
-        """As PeerLink.busy: streaming, or sending a snapshot, with ``window`` in line."""
-        return (self.healthy or self.calling) and self.outbox.busy
+        """As PeerLink.busy: streaming, or sending a snapshot, with ``window`` in line and no
+        answer overdue."""
+        return (self.healthy or self.calling) and self.outbox.busy_at(self.owner.sim.events.now())
 
     def close(self) -> None:
         self.closed = True
@@ -93,7 +94,7 @@ class SimLink:
         header = SnapshotHeader(
             owner.node_id, owner.state.session, seq, values.numel(), owner.degree
         )
-        self.outbox.snapshot_taken(seq)
+        self.outbox.snapshot_taken(seq, sim.events.now())
         self.calling = True
         sent_at = sim.events.now()
         nbytes = owner.snapshot_nbytes(header)
@@ -131,6 +132,7 @@ class SimLink:
         if isinstance(result, Rejected):
             self._failed(result)
             return
+        self.outbox.snapshot_answered(self.owner.sim.events.now())
         # Counted once the call succeeded, as the daemon counts it.
         nbytes = self.owner.snapshot_nbytes(header)
         self.stats.snapshots_sent += 1
@@ -144,7 +146,7 @@ class SimLink:
 
     def _send_delta(self, delta: Delta) -> None:
         owner, sim = self.owner, self.owner.sim
-        self.outbox.delta_sent(delta)
+        self.outbox.delta_sent(delta, sim.events.now())
         nbytes, fp32_nbytes = owner.delta_nbytes(delta)
         self.stats.deltas_sent += 1
         self.stats.bytes_sent += nbytes
@@ -185,7 +187,7 @@ class SimLink:
         if isinstance(result, Rejected):
             self._failed(result)
             return
-        self.outbox.acked()
+        self.outbox.acked(self.owner.sim.events.now())
 
     # -- failures -----------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ class Link:
     snapshots: int = 0
     deltas: int = 0
     most_held: int = 0
+    now: float = 0.0  # every action takes a tenth of a second
 
     def __post_init__(self) -> None:
         self.x = torch.randn(DIM, generator=torch.Generator().manual_seed(0))
@@ -70,13 +71,13 @@ class Link:
             seq, values = self.sender.snapshot()
             self.channel.clear()  # a snapshot goes on a fresh stream; the old one is dropped
             self.channel.append(Snapshot(seq, values))
-            self.outbox.snapshot_taken(seq)
+            self.outbox.snapshot_taken(seq, self.now)
             self.snapshots += 1
             return
         delta = self.outbox.next_delta()
         if delta is not None:
             self.channel.append(delta)
-            self.outbox.delta_sent(delta)
+            self.outbox.delta_sent(delta, self.now)
             self.deltas += 1
 
     def arrive(self) -> None:
@@ -86,13 +87,14 @@ class Link:
         message = self.channel.popleft()
         if isinstance(message, Snapshot):
             self.receiver.receive_snapshot("s", self.sender.session, message.seq, message.values)
+            self.outbox.snapshot_answered(self.now)
             return
         try:
             self.receiver.receive_delta("s", message.session, message.seq, message.payload)
         except GossipError:
             self.outbox.refused()
         else:
-            self.outbox.acked()
+            self.outbox.acked(self.now)
 
     def lose(self) -> None:
         """The oldest message on the channel vanishes and nobody is told."""
@@ -144,6 +146,7 @@ def test_any_schedule_of_faults_ends_bit_identical(
 ) -> None:
     link = Link(codec=codec, queue=queue)
     for action in script:
+        link.now += 0.1
         ACTIONS[action](link)
         assert len(link.outbox) <= queue
     link.settle()
@@ -212,24 +215,62 @@ def test_a_slow_receiver_keeps_up_by_deltas_while_the_queue_holds() -> None:
 
 def test_busy_counts_unacknowledged_and_queued_deltas() -> None:
     outbox = Outbox(OutboxConfig(queue=4, window=2))
-    outbox.snapshot_taken(0)
+    outbox.snapshot_taken(0, now=0.0)
+    outbox.snapshot_answered(now=0.0)
     payload = get_codec("fp32", 64).compress(torch.ones(4)).encoded
     outbox.offer(Delta("s", 1, 1, 0, payload))
     one_queued = outbox.busy
     delta = outbox.next_delta()
     assert delta is not None
-    outbox.delta_sent(delta)
+    outbox.delta_sent(delta, now=0.0)
     outbox.offer(Delta("s", 1, 2, 0, payload))
     one_sent_one_queued = outbox.busy
-    outbox.acked()
+    outbox.acked(now=0.5)
     one_acked = outbox.busy
     assert (one_queued, one_sent_one_queued, one_acked) == (False, True, False)
+
+
+def test_a_neighbour_that_stops_answering_holds_up_rounds_a_few_answer_times_only() -> None:
+    cfg = OutboxConfig(queue=16, window=2, overdue_min_s=2.0, overdue_factor=4.0)
+    outbox = Outbox(cfg)
+    outbox.snapshot_taken(0, now=0.0)
+    outbox.snapshot_answered(now=1.0)
+    payload = get_codec("fp32", 64).compress(torch.ones(4)).encoded
+    t = 1.0
+    for seq in range(1, 21):  # answers come 1.5 s after each send
+        outbox.offer(Delta("s", 1, seq, 0, payload))
+        delta = outbox.next_delta()
+        assert delta is not None
+        outbox.delta_sent(delta, now=t)
+        outbox.acked(now=t + 1.5)
+        t += 2.0
+    assert outbox.answer_s == pytest.approx(1.5, rel=0.01)
+    assert outbox.overdue_after_s == pytest.approx(6.0, rel=0.01)  # 4 x 1.5 s, above 2 s
+    # Now it vanishes: two deltas go out and nothing comes back.
+    for seq in (21, 22):
+        outbox.offer(Delta("s", 1, seq, 0, payload))
+        delta = outbox.next_delta()
+        assert delta is not None
+        outbox.delta_sent(delta, now=t)
+    waiting = [outbox.busy_at(t + dt) for dt in (0.0, 3.0, 5.9)]
+    given_up = [outbox.busy_at(t + dt) for dt in (6.1, 60.0)]
+    assert waiting == [True, True, True]
+    assert given_up == [False, False]
+    assert outbox.overdue_at() == pytest.approx(t + 6.0, rel=0.01)
+    # The stream breaks at last: nothing is unanswered any more.
+    outbox.lost()
+    assert outbox.overdue_at() is None
 
 
 @pytest.mark.parametrize(("queue", "window"), [(0, 1), (1, 0)])
 def test_config_refuses_empty_queue_or_window(queue: int, window: int) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         OutboxConfig(queue=queue, window=window)
+
+
+def test_config_refuses_a_deadline_that_cannot_be_met() -> None:
+    with pytest.raises(ValueError, match="overdue_min_s"):
+        OutboxConfig(overdue_min_s=0)
 
 
 def test_an_overflow_while_a_snapshot_travels_owes_another() -> None:
