@@ -351,6 +351,16 @@ def _add_simulate_parser(sub: Any) -> None:
     p.set_defaults(func=_cmd_simulate)
 
 
+def _gossip_config(args: argparse.Namespace) -> GossipConfig:
+    """The gossip flags given (``gossip.*`` destinations), over the defaults."""
+    given = {
+        k.removeprefix("gossip."): v
+        for k, v in vars(args).items()
+        if k.startswith("gossip.") and v is not None
+    }
+    return GossipConfig(**given)
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     import torch
 
@@ -358,13 +368,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from node.sim.run import run_simulation
 
     try:
-        gossip = GossipConfig(
-            **{
-                k.removeprefix("gossip."): v
-                for k, v in vars(args).items()
-                if k.startswith("gossip.") and v is not None
-            }
-        )
+        gossip = _gossip_config(args)
         if gossip.robust or gossip.attack or gossip.outer_lr:
             raise ValueError("--robust, --attack and --outer-lr are not simulated yet")
         churn = (
@@ -528,13 +532,7 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
     from node.swarm import SwarmConfig, run_swarm
 
     try:
-        gossip = GossipConfig(
-            **{
-                k.removeprefix("gossip."): v
-                for k, v in vars(args).items()
-                if k.startswith("gossip.") and v is not None
-            }
-        )
+        gossip = _gossip_config(args)
         cfg = SwarmConfig(
             nodes=args.nodes,
             steps=args.steps,
