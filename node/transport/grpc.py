@@ -360,6 +360,8 @@ class GrpcTransport:
         self.cfg = cfg or GrpcTransportConfig()
         self._server: grpc.aio.Server | None = None
         self._channels: dict[str, tuple[grpc.aio.Channel, murmur_pb2_grpc.MurmurStub]] = {}
+        #: Closes of channels replaced after a failure (held so that they run to the end).
+        self._closing: set[asyncio.Future[None]] = set()
 
     async def serve(self, handler: Handler, listen: str) -> str:
         server = grpc.aio.server(options=self.cfg.channel_options())
@@ -397,6 +399,13 @@ class GrpcTransport:
         model in its socket buffer and time out: a false suspicion."""
         key = f"{lane} {address}"
         entry = self._channels.get(key)
+        if entry is not None and entry[0].get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            # The peer was unreachable, and the channel would fail every call at once until its
+            # reconnect back-off (up to minutes) ran out, even once the peer is back at the same
+            # address, as a restarted device or container is. A new channel tries now.
+            self._closing.add(asyncio.ensure_future(entry[0].close()))
+            self._closing = {t for t in self._closing if not t.done()}
+            entry = None
         if entry is None:
             # A channel pool of its own, so that the two lanes never share a connection.
             options = [*self.cfg.channel_options(), ("grpc.use_local_subchannel_pool", 1)]
@@ -478,3 +487,4 @@ class GrpcTransport:
         channels, self._channels = self._channels, {}
         for channel, _ in channels.values():
             await channel.close()
+        await asyncio.gather(*self._closing)

@@ -235,6 +235,25 @@ async def test_nobody_listening_is_unreachable(pair: Pair) -> None:
         [c async for c in client.call_pull_model(address, "a" * 32, 2)]
 
 
+async def test_a_node_back_at_its_address_is_reachable_at_once() -> None:
+    """A restarted node (a device, a container) comes back where it was: the first call after
+    it is back reaches it, however many failed while it was away. (gRPC only: in-memory calls
+    have no connection that could remember the failures.)"""
+    server, client, address, handler = await grpc_pair()
+    ping = SwimMessage(Kind.PING, "a" * 32, "me:1", 1)
+    try:
+        await server.close(0)
+        for _ in range(3):
+            with pytest.raises(Unreachable):
+                await client.call_swim(address, ping, 2)
+        assert await server.serve(handler, address) == address
+        assert await client.call_swim(address, ping, 2) == STATUS.node_id
+        assert await client.call_status(address, 2) == STATUS
+    finally:
+        await client.close(0)
+        await server.close(0)
+
+
 async def test_a_membership_message_arrives_intact_and_names_who_took_it(pair: Pair) -> None:
     _, client, address, handler = pair
     message = SwimMessage(
