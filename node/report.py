@@ -143,6 +143,41 @@ def _row(h: NodeHistory, ckpt: Checkpoint | None, distance: float | None, dist: 
     return "| " + " | ".join(cells) + " |"
 
 
+#: Rows of the table of accuracy and distance over time.
+TIMELINE_ROWS = 10
+
+
+def _at(h: NodeHistory, t: float) -> str:
+    """The node's last evaluation at or before ``t`` as "accuracy / distance"; "down" between a
+    life that ended (a crash or a stop) and the next one."""
+    for k in range(len(h.sessions) - 1, -1, -1):
+        session = h.sessions[k]
+        if session.started > t:
+            continue
+        if t > session.ended and k < len(h.sessions) - 1:
+            return "down"
+        evals = [e for e in session.evals if e.time <= t]
+        if not evals:
+            return "-"
+        e = evals[-1]
+        distance = "-" if e.distance_rms < 0 else f"{e.distance_rms:.1e}"
+        return f"{e.accuracy:.3f} / {distance}"
+    return "-"
+
+
+def _timeline(histories: Sequence[NodeHistory], t0: float, t_end: float) -> list[str]:
+    """Every node's accuracy and distance to its neighbours at evenly spaced moments of the run:
+    the plots' numbers, for reading and diffing."""
+    times = [t0 + (t_end - t0) * (k + 1) / TIMELINE_ROWS for k in range(TIMELINE_ROWS)]
+    lines = [
+        "| time (s) | " + " | ".join(h.node_id[:8] for h in histories) + " |",
+        "|---:|" + "---:|" * len(histories),
+    ]
+    for t in times:
+        lines.append(f"| {t - t0:.0f} | " + " | ".join(_at(h, t) for h in histories) + " |")
+    return lines
+
+
 def _markdown(
     histories: Sequence[NodeHistory],
     checkpoints: Mapping[Path, Checkpoint],
@@ -210,6 +245,14 @@ def _markdown(
         DISTANCE_NOTE,
         "",
         f"![distance to the neighbours per node]({PLOTS_DIR}/distance.png)",
+        "",
+        "## Over time",
+        "",
+        "Each node's last evaluation at that moment: accuracy / distance to the neighbours (as "
+        "plotted above); `down` while a node that restarted later was not running, `-` before "
+        "its first evaluation.",
+        "",
+        *_timeline(histories, t0, t_end),
     ]
     return "\n".join(lines) + "\n"
 

@@ -64,9 +64,22 @@ def stop(t: float, node_id: str, step: int, rounds: int, mib: float) -> tuple[fl
     return t, "stop", fields
 
 
+def tables(markdown: str) -> list[list[str]]:
+    """The report's tables, each as its lines."""
+    found: list[list[str]] = []
+    previous = ""
+    for line in markdown.splitlines():
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                found.append([])
+            found[-1].append(line)
+        previous = line
+    return found
+
+
 def table(markdown: str) -> dict[str, dict[str, str]]:
     """The report's node table: one dict per row (by state dir name), keyed by column."""
-    rows = [line for line in markdown.splitlines() if line.startswith("| ")]
+    rows = [line for line in tables(markdown)[0] if line.startswith("| ")]
     header = [c.strip() for c in rows[0].strip("|").split("|")]
     cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows[1:]]
     return {r[1]: dict(zip(header, r, strict=True)) for r in cells}
@@ -156,6 +169,19 @@ def test_a_report_of_three_nodes_one_restarting(tmp_path: Path) -> None:
     assert "the logs begin 2023-11-14 22:13:20 UTC and span 40 s" in markdown
     for name in PLOTS:
         assert f"]({PLOTS_DIR}/{name})" in markdown
+
+    # Over time, every 4 s of the 40 s: accuracy / distance to the neighbours as last evaluated,
+    # and node-2 down from its last record before the crash (14 s) until it started again.
+    over_time = tables(markdown)[1]
+    assert over_time[0] == "| time (s) | aaaaaaaa | bbbbbbbb | cccccccc |"
+    cells = {row.split("|")[1].strip(): row.split("|")[2:5] for row in over_time[2:]}
+    assert list(cells) == [str(t) for t in range(4, 41, 4)]
+    at = {t: [c.strip() for c in row] for t, row in cells.items()}
+    assert at["4"] == ["-", "-", "-"]
+    assert at["12"] == ["0.500 / 9.1e-03", "0.600 / 8.3e-03", "0.550 / 7.7e-03"]
+    assert at["16"][2] == at["20"][2] == "down"
+    assert at["24"][2] == "-"  # started again, not evaluated yet
+    assert at["40"] == ["0.900 / 3.2e-03", "0.930 / 3.1e-03", "0.910 / 2.6e-03"]
 
 
 def digits_state(value: float) -> dict[str, torch.Tensor]:
