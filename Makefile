@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_FLAGS ?=
 
-.PHONY: venv demo check lint types test test-fast test-e2e protos bench clean
+.PHONY: venv demo check lint types test test-fast test-e2e test-testbed protos bench clean \
+	testbed testbed-down testbed-report testbed-wheelhouse
 
 $(STAMP): pyproject.toml constraints/dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,7 +19,7 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/murmur swarm --nodes 8 --topology exponential --compress int8
 
-check: lint types test
+check: lint types test test-testbed
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -38,6 +39,34 @@ test-fast: $(STAMP)
 test-e2e: $(STAMP)
 	bash scripts/ensure-mosquitto
 	$(BIN)/pytest -m e2e $(PYTEST_FLAGS)
+
+# The docker-compose testbed from nothing: Docker and Compose from Debian's packages, an engine
+# of its own, a base image from Debian's packages when no registry answers, the node image from
+# the wheelhouse; then a run with a crash and a restart, checked, and everything torn down. Needs
+# root on a machine without Docker (as CI is).
+test-testbed: $(STAMP)
+	bash scripts/testbed ci
+
+# Build, bring up and watch the testbed (docker/README.md); NODES=5 for more nodes.
+testbed:
+	bash scripts/testbed up
+
+testbed-report:
+	bash scripts/testbed report
+
+testbed-down:
+	bash scripts/testbed down
+
+# Every wheel the node image needs (the project's own is built in the image), for an image built
+# without network. Made with the constraints, so it holds the CPU build of torch.
+WHEELHOUSE := docker/wheelhouse/.stamp
+$(WHEELHOUSE): pyproject.toml constraints/dev.txt | $(STAMP)
+	rm -f docker/wheelhouse/*.whl
+	$(BIN)/python -m pip wheel --quiet -c constraints/dev.txt -w docker/wheelhouse . 'setuptools>=69'
+	rm -f docker/wheelhouse/murmur-*.whl
+	touch $@
+
+testbed-wheelhouse: $(WHEELHOUSE)
 
 protos: $(STAMP)
 	$(BIN)/python -m protos.generate
