@@ -34,6 +34,8 @@ class OutboxConfig:
     """Args:
     queue: deltas held for a neighbour; past that the link resyncs with a snapshot instead.
     window: unacknowledged or queued deltas at which the link counts as busy.
+    overdue_min_s: an answer is never overdue sooner than this.
+    overdue_factor: an answer is overdue once it takes this many times the link's usual one.
     """
 
     queue: int = 16
