@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from node.status import NodeStatus
 from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
 from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
+from tests.node.helpers import poll
 
 pytestmark = pytest.mark.e2e
 
@@ -45,20 +47,21 @@ async def status(transport: GrpcTransport, p: NodeProcess) -> NodeStatus | None:
 
 
 async def wait_for(
-    transport: GrpcTransport, procs: list[NodeProcess], ok: object, what: str
+    transport: GrpcTransport,
+    procs: list[NodeProcess],
+    ok: Callable[[list[NodeStatus]], bool],
+    what: str,
 ) -> list[NodeStatus]:
-    """Poll the nodes' status until ``ok(statuses)`` holds (a test of processes has no event to
-    wait on; the poll is the event source, and the deadline makes a hang fail loudly)."""
-    async with asyncio.timeout(TIMEOUT_S):
-        while True:
-            for p in procs:
-                assert not p.exited, f"node {p.index} exited:\n{p.log_tail()}"
-            got = await asyncio.gather(*(status(transport, p) for p in procs))
-            statuses = [s for s in got if s is not None]
-            if len(statuses) == len(procs) and ok(statuses):  # type: ignore[operator]
-                return statuses
-            await asyncio.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    """Poll the nodes' status until ``ok(statuses)`` holds; a node that exits fails at once."""
+
+    async def check() -> list[NodeStatus] | None:
+        for p in procs:
+            assert not p.exited, f"node {p.index} exited:\n{p.log_tail()}"
+        got = await asyncio.gather(*(status(transport, p) for p in procs))
+        statuses = [s for s in got if s is not None]
+        return statuses if len(statuses) == len(procs) and ok(statuses) else None
+
+    return await poll(check, what, TIMEOUT_S)
 
 
 async def pull_models(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import torch
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -184,3 +184,20 @@ class SwimResponder:
 
     def is_revoked(self, node_id: str) -> bool:
         return False
+
+
+T = TypeVar("T")
+
+
+async def poll(check: Callable[[], Awaitable[T | None]], what: str, timeout_s: float) -> T:
+    """Ask ``check()`` (a coroutine) until it returns something true. A process has no event
+    to wait on; the poll is the event source, and the deadline makes a hang fail by name."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                got = await check()
+                if got:
+                    return got
+                await asyncio.sleep(0.2)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None

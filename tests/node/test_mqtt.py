@@ -9,10 +9,10 @@ import random
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import aiomqtt
 import pytest
@@ -32,10 +32,9 @@ from node.status import NodeStatus
 from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport
 from tests.mqtt_broker import MosquittoBroker, free_port
-from tests.node.helpers import config
+from tests.node.helpers import config, poll
 
 TIMEOUT_S = 30.0
-T = TypeVar("T")
 
 #: The status payload's documented keys (README, node/mqtt.py) and their JSON types.
 SCHEMA: dict[str, tuple[type, ...]] = {
@@ -427,20 +426,6 @@ async def node_status(address: str) -> NodeStatus | None:
         await transport.close(0)
 
 
-async def poll(check: Callable[[], Awaitable[T]], what: str, timeout_s: float = TIMEOUT_S) -> T:
-    """Ask ``check()`` (a coroutine) until it returns something true. A process has no event
-    to wait on; the poll is the event source, and the deadline makes a hang fail by name."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                got = await check()
-                if got:
-                    return got
-                await asyncio.sleep(0.2)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
-
-
 def mqtt_warnings(log: Path) -> list[str]:
     return [ln for ln in log.read_text().splitlines() if "WARNING node.mqtt" in ln]
 
@@ -463,7 +448,7 @@ async def test_discovery_forms_a_swarm_without_join_and_monitor_sees_it(
             s is not None and {m.node_id for m in s.members if m.live} == ids for s in statuses
         )
 
-    await poll(all_know_all, "every node to know all three members")
+    await poll(all_know_all, "every node to know all three members", TIMEOUT_S)
 
     async def monitor_sees_three() -> list[dict[str, Any]] | None:
         cmd = ["monitor", "--mqtt", broker.url, "--swarm", "disc", "--once", "--timeout", "0.5"]
@@ -476,7 +461,9 @@ async def test_discovery_forms_a_swarm_without_join_and_monitor_sees_it(
         done = len(statuses) == 3 and all(len(s["members"]) == 3 for s in statuses)
         return statuses if done else None
 
-    statuses = await poll(monitor_sees_three, "the monitor to see three nodes that know all")
+    statuses = await poll(
+        monitor_sees_three, "the monitor to see three nodes that know all", TIMEOUT_S
+    )
     assert statuses is not None
     assert {s["node_id"] for s in statuses} == ids
     assert all(s["online"] for s in statuses)
@@ -527,7 +514,7 @@ async def test_training_goes_on_without_the_broker_and_telemetry_comes_back(
     async def trained_on() -> bool:
         return await step() > down_at + 1000
 
-    await poll(trained_on, "training to go on without the broker")
+    await poll(trained_on, "training to go on without the broker", TIMEOUT_S)
     broker.start()
     restarted = time.time()
     async with subscribed(broker.url, status_topic) as sub:
@@ -553,7 +540,7 @@ async def test_a_broker_that_does_not_exist_costs_one_warning(
     async def tried_thrice() -> bool:
         return p.log.read_text().count("MQTT: next try in") >= 3
 
-    await poll(tried_thrice, "the node to try the broker three times")
+    await poll(tried_thrice, "the node to try the broker three times", TIMEOUT_S)
     assert await p.stop() == 0
     warnings = mqtt_warnings(p.log)
     assert len(warnings) == 1

@@ -49,6 +49,7 @@ VICTIM = "node-1"
 #: The entry point's line naming the node, and the node's own lines that the check reads.
 NAMED = re.compile(r"murmur-entrypoint: node (\S+) at (\S+)")
 RESUMED = re.compile(r"resuming from \S+ at step (\d+)")
+BROKER_UP = re.compile(r"mosquitto version \S+ running")
 
 
 class CheckFailed(AssertionError):
@@ -119,24 +120,19 @@ class Board:
             raise CheckFailed(f"timed out after {timeout_s:.0f} s waiting for {what}") from None
 
 
-async def listen(board: Board, connected: asyncio.Event, deadline_s: float) -> None:
-    """Subscribe to the swarm's status and online topics; the broker may still be starting."""
-    give_up = time.monotonic() + deadline_s
-    while True:
-        try:
-            async with make_client(board.cfg) as client:
-                await client.subscribe(board.cfg.topic("+", "status"), qos=1)
-                await client.subscribe(board.cfg.topic("+", "online"), qos=1)
-                connected.set()
-                async for message in client.messages:
-                    if isinstance(message.payload, bytes | bytearray):
-                        board.receive(message.topic.value, bytes(message.payload))
-        except aiomqtt.MqttError as err:
-            if connected.is_set():
-                raise CheckFailed(f"lost the broker: {err}") from err
-            if time.monotonic() > give_up:
-                raise CheckFailed(f"no broker at {board.cfg.broker}: {err}") from err
-        await asyncio.sleep(0.5)  # the broker's container is starting; nothing announces it
+async def listen(board: Board, connected: asyncio.Event) -> None:
+    """Subscribe to the swarm's status and online topics (the broker has said it runs)."""
+    try:
+        async with make_client(board.cfg) as client:
+            await client.subscribe(board.cfg.topic("+", "status"), qos=1)
+            await client.subscribe(board.cfg.topic("+", "online"), qos=1)
+            connected.set()
+            async for message in client.messages:
+                if isinstance(message.payload, bytes | bytearray):
+                    board.receive(message.topic.value, bytes(message.payload))
+    except aiomqtt.MqttError as err:
+        lost = "lost the broker" if connected.is_set() else f"no broker at {board.cfg.broker}"
+        raise CheckFailed(f"{lost}: {err}") from err
 
 
 def run(*argv: str, timeout_s: float = 300.0, env: dict[str, str] | None = None) -> str:
@@ -438,8 +434,16 @@ async def drive(cfg: CheckConfig, board: Board) -> dict[str, Any]:
 async def main_async(cfg: CheckConfig) -> int:
     board = Board(MqttConfig(url=f"mqtt://{cfg.broker}", swarm=cfg.swarm))
     connected = asyncio.Event()
+    started = time.time()
     await asyncio.to_thread(run, *cfg.compose, "up", "-d", "broker")
-    listener = asyncio.create_task(listen(board, connected, cfg.start_timeout_s))
+    try:
+        # mosquitto says so once its listeners are open.
+        broker = (await asyncio.to_thread(run, *cfg.compose, "ps", "-q", "broker")).strip()
+        await follow_log(broker, BROKER_UP, started - 1, cfg.start_timeout_s)
+    except CheckFailed as err:
+        print(f"testbed check FAILED: {err}", file=sys.stderr, flush=True)
+        return 1
+    listener = asyncio.create_task(listen(board, connected))
     driver = asyncio.create_task(drive(cfg, board))
     try:
         done, _ = await asyncio.wait({listener, driver}, return_when=asyncio.FIRST_COMPLETED)
