@@ -135,8 +135,7 @@ class PeerLink:
         behind it. A link backing off after a failure is never busy, so a dead neighbour does
         not hold up the others' rounds, nor is one whose answer is overdue (a neighbour that
         vanished without a word), so it holds them up for a few answer times at most."""
-        now = asyncio.get_running_loop().time()
-        return (self.healthy or self._sending_snapshot) and self.outbox.busy_at(now)
+        return (self.healthy or self._sending_snapshot) and self.outbox.busy_at(self._now())
 
     def offer(self, delta: Delta) -> None:
         """Queue a delta; never blocks. A full queue is dropped in favour of a resync."""
