@@ -13,7 +13,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from gossip.clock import Clock
-from node.transport.base import Reason
+from gossip.refusals import REFUSALS, Reason
 
 __all__ = [
     "COUNTED_REASONS",
@@ -24,18 +24,10 @@ __all__ = [
     "SystemClock",
 ]
 
-#: Refusals that say the message itself is bad. Gaps, stale sequence numbers, unknown senders and
-#: a node that is not ready are what honest peers meet during churn, so they never count.
-COUNTED_REASONS = frozenset(
-    {
-        Reason.MALFORMED,
-        Reason.BAD_PAYLOAD,
-        Reason.NON_FINITE,
-        Reason.IDENTITY,
-        Reason.FINGERPRINT,
-        Reason.PROTOCOL_VERSION,
-    }
-)
+#: Refusals that say the message itself is bad (gossip/refusals.py). Gaps, stale sequence
+#: numbers, unknown senders and a node that is not ready are what honest peers meet during churn,
+#: so they never count.
+COUNTED_REASONS = frozenset(r for r, c in REFUSALS.items() if c.counts)
 
 
 class SystemClock:

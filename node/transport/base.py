@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
 
 import torch
 
 from gossip.codecs import tensor_to_bytes
 from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
+from gossip.refusals import REFUSALS, Reason
 from gossip.swim import SwimMessage
 from node.status import NodeStatus
 
@@ -34,37 +34,9 @@ __all__ = [
 #: Values per snapshot chunk (1 MiB of float32).
 CHUNK_VALUES = 1 << 18
 
-
-class Reason(StrEnum):
-    """Why a message was refused; also the label of the node's rejection counters."""
-
-    MALFORMED = "malformed"
-    PROTOCOL_VERSION = "protocol_version"
-    FINGERPRINT = "fingerprint"
-    UNKNOWN_SENDER = "unknown_sender"
-    BAD_PAYLOAD = "bad_payload"
-    NON_FINITE = "non_finite"
-    GAP = "gap"
-    STALE = "stale"
-    NOT_READY = "not_ready"
-    SHUTTING_DOWN = "shutting_down"
-    #: A joiner's advertised address does not answer, or someone else answers there.
-    BAD_ADDRESS = "bad_address"
-    #: The message speaks for another node than the one its TLS certificate names.
-    IDENTITY = "identity"
-    #: The caller's certificate belongs to a node the swarm's CA revoked.
-    REVOKED = "revoked"
-    #: The sender sends faster than any honest node does.
-    RATE_LIMITED = "rate_limited"
-    #: The sender sent too many bad messages lately and is kept out for a while.
-    BANNED = "banned"
-
-
 #: Reasons that mean the message itself is wrong (INVALID_ARGUMENT); the others mean it does not
-#: fit the receiver's state (FAILED_PRECONDITION).
-INVALID_ARGUMENT_REASONS = frozenset(
-    {Reason.MALFORMED, Reason.BAD_PAYLOAD, Reason.NON_FINITE, Reason.BAD_ADDRESS}
-)
+#: fit the receiver's state (FAILED_PRECONDITION). Classified in gossip/refusals.py.
+INVALID_ARGUMENT_REASONS = frozenset(r for r, c in REFUSALS.items() if c.invalid_argument)
 
 
 class Rejected(Exception):
