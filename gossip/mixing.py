@@ -1,8 +1,11 @@
 """The decisions of a gossip round that the daemon and the simulator share.
 
 Which neighbours take part in a round's mix and with what weight, the round itself (send, then
-mix), and when a node makes a round at all. The daemon (``node/gossiper.py``, ``node/node.py``)
-runs these on its threads and event loop; the simulator (``node/sim``) on simulated time.
+mix: plain, Byzantine-robust or as an attacker, with DiLoCo's outer step or without), and when a
+node makes a round at all. The daemon (``node/gossiper.py``, ``node/node.py``) runs these on
+its threads and event loop; the simulator (``node/sim``) on simulated time. A :class:`Mixer` is
+one node's rounds; it keeps what the rounds decide (who is out of the mix for silence, who is
+evicted for anomalous deltas), and only a round changes it: reading it (a status) never does.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import torch
 from gossip.codecs import Encoded
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
+from gossip.robust import ATTACKS, NeighbourScores, attack_target, clipped_consensus_step
 
-__all__ = ["RoundPacer", "mix", "mixing_weights", "send_and_mix"]
+__all__ = ["MixConfig", "Mixer", "Round", "RoundPacer", "mix", "mixing_weights", "send_and_mix"]
 
 NodeId = str
 
@@ -121,3 +125,187 @@ class RoundPacer:
 
     def end(self) -> None:
         self.making = False
+
+
+@dataclass(frozen=True)
+class MixConfig:
+    """Args:
+    gamma: consensus step size γ.
+    silence_limit_s: a neighbour silent longer than this leaves the mix until it speaks.
+    robust: mix by ClippedGossip (gossip/robust.py) and leave out neighbours whose anomaly
+        score is over its threshold (doubles the replicas' memory: see ``NeighbourScores``).
+    byzantine_fraction: δ of the clipping radius, with ``robust``.
+    attack: testing only: publish a harmful target (gossip/robust.py's ``ATTACKS``) instead of
+        the model, through valid deltas, and do not mix.
+    """
+
+    gamma: float = 1.0  # exact averaging for fp32; harsher codecs need less (DEFAULT_GAMMA)
+    silence_limit_s: float = 30.0  # ~3 SWIM suspicion timeouts: a dead one is gone by then
+    robust: bool = False
+    byzantine_fraction: float = 0.25  # one bad neighbour in four, ClippedGossip's experiments
+    attack: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gamma <= 1 or self.silence_limit_s <= 0:
+            raise ValueError("need 0 < gamma <= 1 and a positive silence limit")
+        if not 0 <= self.byzantine_fraction < 1:
+            raise ValueError("byzantine_fraction must be in [0, 1)")
+        if self.attack is not None and self.attack not in ATTACKS:
+            raise ValueError(f"unknown attack {self.attack!r}; known: {', '.join(ATTACKS)}")
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one round made and decided.
+
+    ``weights`` are the neighbours it mixed with (empty: it did not mix). The changes of the
+    mixer's decisions come with the figures a log line wants: the neighbours that left the mix
+    for their silence (seconds silent), that spoke again, that were evicted or readmitted by
+    their anomaly score (the score).
+    """
+
+    seq: int
+    payload: Encoded
+    weights: Mapping[NodeId, float]
+    silenced: frozenset[NodeId]
+    evicted: frozenset[NodeId]
+    went_silent: Mapping[NodeId, float]
+    spoke_again: frozenset[NodeId]
+    newly_evicted: Mapping[NodeId, float]
+    readmitted: Mapping[NodeId, float]
+
+
+class Mixer:
+    """One node's gossip rounds over its :class:`GossipState`, whose peers are its neighbours.
+
+    Not thread-safe, like the state: the daemon calls it on its gossip worker only.
+
+    Args:
+        outer: DiLoCo's outer step after each round's mix (None: plain gossip).
+        attack_generator: the noise of the ``random`` attack.
+    """
+
+    def __init__(
+        self,
+        state: GossipState,
+        cfg: MixConfig,
+        outer: OuterNesterov | None = None,
+        attack_generator: torch.Generator | None = None,
+    ) -> None:
+        self.state = state
+        self.cfg = cfg
+        self.outer = outer
+        self._attack_rng = attack_generator or torch.Generator(state.device).manual_seed(0)
+        self.scores = NeighbourScores() if cfg.robust else None
+        self._silenced: frozenset[NodeId] = frozenset()
+        self._evicted: frozenset[NodeId] = frozenset()
+
+    @property
+    def neighbours(self) -> frozenset[NodeId]:
+        return self.state.peers
+
+    @property
+    def silenced(self) -> frozenset[NodeId]:
+        """Neighbours out of the mix, as the last round found them, for their silence."""
+        return self._silenced
+
+    @property
+    def evicted(self) -> frozenset[NodeId]:
+        """Neighbours out of the mix, as the last round found them, for their anomaly score."""
+        return self._evicted
+
+    def set_neighbours(self, neighbours: frozenset[NodeId]) -> frozenset[NodeId]:
+        """Mix with exactly these neighbours; returns those dropped (their replicas too)."""
+        gone = self.state.set_peers(neighbours)
+        if self.scores is not None:
+            self.scores.forget(gone)
+        self._silenced &= neighbours
+        self._evicted &= neighbours
+        return gone
+
+    def weights(self) -> dict[NodeId, float]:
+        """The weights a round would mix with now (evicted neighbours left out). A read: it
+        changes nothing, so a status may call it as often as it likes."""
+        neighbours = self.neighbours
+        weights = mixing_weights(self.state, neighbours, len(neighbours), self.cfg.silence_limit_s)
+        return {p: w for p, w in weights.items() if p not in self._evicted}
+
+    def round(
+        self, x: torch.Tensor, lock: contextlib.AbstractContextManager[object] | None = None
+    ) -> Round | None:
+        """One round: q = Q(target - x̂), x̂ += q, then the mix into ``x`` (CHOCO-Gossip,
+        Koloskova et al. 2019, Algorithm 1, made asynchronous; ClippedGossip's mix with
+        ``robust``, He et al. 2022; DiLoCo's outer step after it, Douillard et al. 2023). The
+        target is ``x``, or for an attacker what it publishes instead. None without neighbours
+        (a new neighbour starts from a snapshot, so skipping costs nothing).
+
+        Args:
+            lock: held while ``x`` is read and while it is written, not while compressing (the
+                daemon's trainer steps on another thread in between).
+        """
+        neighbours = self.neighbours
+        if not neighbours:
+            return None
+        cfg, state = self.cfg, self.state
+        guard = lock if lock is not None else contextlib.nullcontext()
+        with guard:
+            current = x.clone()
+        if cfg.attack is not None:
+            target = attack_target(cfg.attack, current, self._attack_rng)
+            seq, payload = state.make_delta(target)
+            nobody: dict[NodeId, float] = {}
+            return Round(
+                seq, payload, nobody, self._silenced, self._evicted, {}, frozenset(), {}, {}
+            )
+        seq, payload = state.make_delta(current)  # compression runs outside the lock
+        newly_evicted: dict[NodeId, float] = {}
+        readmitted: dict[NodeId, float] = {}
+        if self.scores is not None:
+            evicted = self.scores.update(state, neighbours)
+            score = self.scores.anomaly.scores
+            newly_evicted = {p: score[p] for p in sorted(evicted - self._evicted)}
+            readmitted = {p: score[p] for p in sorted((self._evicted - evicted) & neighbours)}
+            self._evicted = evicted
+        weights = mixing_weights(state, neighbours, len(neighbours), cfg.silence_limit_s)
+        went_silent, spoke_again = self._note_silence(neighbours, weights)
+        with guard:
+            if self.scores is not None:
+                clipped_consensus_step(
+                    state, x, cfg.gamma, weights, cfg.byzantine_fraction, self._evicted
+                )
+                if self.outer is not None:
+                    self.outer.step(x)
+            else:
+                mix(state, x, cfg.gamma, weights, self.outer)
+        return Round(
+            seq,
+            payload,
+            weights,
+            self._silenced,
+            self._evicted,
+            went_silent,
+            spoke_again,
+            newly_evicted,
+            readmitted,
+        )
+
+    def _note_silence(
+        self, neighbours: frozenset[NodeId], weights: Mapping[NodeId, float]
+    ) -> tuple[dict[NodeId, float], frozenset[NodeId]]:
+        """Who leaves the mix for their silence (with how long), and who is back in it."""
+        silenced = set(self._silenced)
+        went: dict[NodeId, float] = {}
+        back = set()
+        for peer in neighbours:
+            silent = self.state.silent_for(peer)
+            if silent is None:
+                continue  # no replica yet: out of the mix, but not for its silence
+            if peer not in weights:
+                if peer not in silenced:
+                    silenced.add(peer)
+                    went[peer] = silent
+            elif peer in silenced:
+                silenced.discard(peer)
+                back.add(peer)
+        self._silenced = frozenset(silenced) & neighbours
+        return went, frozenset(back)

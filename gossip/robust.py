@@ -42,9 +42,21 @@ import torch
 
 from gossip.replicas import GossipState
 
-__all__ = ["AnomalyScore", "ClipResult", "clip_radius", "clipped_consensus_step"]
+__all__ = [
+    "ATTACKS",
+    "AnomalyScore",
+    "ClipResult",
+    "NeighbourScores",
+    "attack_target",
+    "clip_radius",
+    "clipped_consensus_step",
+]
 
 NodeId = str
+
+#: What a Byzantine node may publish instead of its model, to test robustness (never in a real
+#: swarm): ``scale`` 10·x, ``flip`` -x, ``random`` x plus unit Gaussian noise.
+ATTACKS = ("scale", "flip", "random")
 
 
 def clip_radius(
@@ -182,3 +194,49 @@ class AnomalyScore:
 
     def forget(self, peer: NodeId) -> None:
         self.scores.pop(peer, None)
+
+
+class NeighbourScores:
+    """The anomaly score of each neighbour, fed with the change of its replica between two of
+    this node's rounds (its deltas since, whatever their number). A replica restarted by a new
+    session is not a change. Keeps a copy of each neighbour's replica from the last round, so
+    it doubles the replicas' memory.
+
+    Args:
+        score: the score to feed (a default :class:`AnomalyScore` if None).
+    """
+
+    def __init__(self, score: AnomalyScore | None = None) -> None:
+        self.anomaly = score or AnomalyScore()
+        self._seen: dict[NodeId, tuple[int, torch.Tensor]] = {}  # peer: (session, replica)
+
+    def update(self, state: GossipState, neighbours: frozenset[NodeId]) -> frozenset[NodeId]:
+        """Score the neighbours' changes since the last update; returns those evicted now."""
+        deltas = {}
+        for peer in neighbours:
+            replica = state.replicas.get(peer)
+            if replica is None:
+                continue
+            seen = self._seen.get(peer)
+            if seen is not None and seen[0] == replica.session:
+                deltas[peer] = replica.value - seen[1]
+            self._seen[peer] = (replica.session, replica.value.clone())
+        self.anomaly.update(deltas)
+        return self.anomaly.evicted() & neighbours
+
+    def forget(self, peers: frozenset[NodeId]) -> None:
+        for peer in peers:
+            self.anomaly.forget(peer)
+            self._seen.pop(peer, None)
+
+
+def attack_target(attack: str, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """What a node mounting ``attack`` (one of :data:`ATTACKS`) publishes instead of ``x``,
+    through valid deltas, so that its neighbours' replicas accept every message."""
+    if attack == "scale":
+        return x * 10
+    if attack == "flip":
+        return -x
+    if attack == "random":
+        return x + torch.randn(x.shape, generator=generator, device=x.device)
+    raise ValueError(f"unknown attack {attack!r}; known: {', '.join(ATTACKS)}")

@@ -345,6 +345,13 @@ def _add_simulate_parser(sub: Any) -> None:
         help="relative consensus distance counted as consensus (0.01)",
     )
     p.add_argument("--target-accuracy", type=float, default=0.8)
+    p.add_argument(
+        "--attackers",
+        type=float,
+        default=0.0,
+        help="testing robustness: share of the nodes that publish --attack scale|flip|random "
+        "instead of their model (samples count the honest nodes only)",
+    )
     p.add_argument("--out", type=Path, default=Path("murmur-sim"), help="output dir")
     p.add_argument("--quiet", action="store_true", help="no progress")
     _add_gossip_flags(p, suppress=False)
@@ -369,8 +376,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     try:
         gossip = _gossip_config(args)
-        if gossip.robust or gossip.attack or gossip.outer_lr:
-            raise ValueError("--robust, --attack and --outer-lr are not simulated yet")
         churn = (
             ChurnConfig.replacing(args.churn)
             if args.churn is not None
@@ -391,6 +396,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             eval_every_s=args.eval_every,
             consensus_threshold=args.consensus_threshold,
             target_accuracy=args.target_accuracy,
+            attackers=args.attackers,
             gossip=gossip,
             membership=SwimConfig(period_s=args.swim_period),
             net=NetConfig(tuple(args.latency), args.bandwidth * 1e6 / 8, args.loss),

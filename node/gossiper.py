@@ -1,9 +1,11 @@
 """The node's gossip state behind one worker thread.
 
-Every read and write of the :class:`GossipState` runs on a single-thread executor: the event loop
-never blocks on tensor math, and the state needs no lock of its own because only that thread
-touches it. The parameters are shared with the trainer, so the two places that touch them (the
-copy the delta is made from, and the consensus step) take ``model_lock``, briefly.
+Every read and write of the :class:`GossipState` and of the node's :class:`Mixer` runs on a
+single-thread executor: the event loop never blocks on tensor math, and the state needs no lock
+of its own because only that thread touches it. The parameters are shared with the trainer, so
+the two places that touch them (the copy the delta is made from, and the consensus step) take
+``model_lock``, briefly. Reads (:meth:`Gossiper.neighbour_views`, what a status shows) change
+nothing: only a round decides who is in the mix.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -20,10 +22,9 @@ import torch
 
 from gossip.clock import Clock
 from gossip.messages import Delta, SnapshotHeader
-from gossip.mixing import mixing_weights, send_and_mix
+from gossip.mixing import MixConfig, Mixer, Round
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
-from gossip.robust import AnomalyScore, clipped_consensus_step
 from node.flat import FlatParams
 
 __all__ = ["Gossiper", "NeighbourView"]
@@ -56,6 +57,7 @@ class Gossiper:
     byzantine_fraction: δ of the clipping radius, with ``robust``.
     attack: testing only: publish a harmful target (see ``GossipConfig.attack``) instead of
         the model, through valid deltas, and do not mix.
+    outer: DiLoCo's outer step after each round (None: plain gossip).
     """
 
     def __init__(
@@ -76,20 +78,17 @@ class Gossiper:
         self.state = state
         self.flat = flat
         self.model_lock = model_lock
-        self.gamma = gamma
-        self.silence_limit_s = silence_limit_s
         self.clock = clock
-        self._neighbours: frozenset[str] = frozenset()
-        self.robust = robust
-        self.byzantine_fraction = byzantine_fraction
-        self.anomaly = AnomalyScore()
-        self._evicted: frozenset[str] = frozenset()
-        self._silenced: set[str] = set()  # neighbours out of the mix for their silence
-        self._seen: dict[str, tuple[int, torch.Tensor]] = {}  # peer: (session, replica value)
-        self.attack = attack
-        #: DiLoCo's outer step on the change of each round (None: plain gossip).
-        self.outer = outer
-        self._attack_rng = torch.Generator(device=state.device).manual_seed(0)
+        self.mixer = Mixer(
+            state,
+            MixConfig(gamma, silence_limit_s, robust, byzantine_fraction, attack),
+            outer,
+            torch.Generator(device=state.device).manual_seed(0),
+        )
+        #: The neighbours whose public copy this node holds, as the worker last published it
+        #: (an immutable set, so the event loop may read it without touching the state).
+        self.replicated: frozenset[str] = frozenset()
+        self._degree = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gossip")
 
     async def _on_worker(self, fn: Callable[[], T]) -> T:
@@ -102,152 +101,58 @@ class Gossiper:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
+    def published(self) -> None:
+        """Worker only: publish what the event loop may read of the state (call after a
+        change of the replicas)."""
+        self.replicated = frozenset(self.state.replicas)
+
     # -- neighbours ---------------------------------------------------------------------------
+
+    def apply_neighbours(self, neighbours: frozenset[str]) -> None:
+        """Worker only: mix with exactly these neighbours; replicas of others are dropped."""
+        self.mixer.set_neighbours(neighbours)
+        self._degree = len(neighbours)
+        self.published()
 
     async def set_neighbours(self, neighbours: Iterable[str]) -> None:
         """Mix with exactly these neighbours; replicas of others are dropped."""
         new = frozenset(neighbours)
-
-        def work() -> None:
-            for peer in self.state.set_peers(new):
-                self.anomaly.forget(peer)
-                self._seen.pop(peer, None)
-            self._neighbours = new
-            self._evicted &= new
-
-        await self._on_worker(work)
+        await self._on_worker(lambda: self.apply_neighbours(new))
 
     @property
     def silenced(self) -> frozenset[str]:
-        """Neighbours out of the mix because they have been silent too long."""
-        return frozenset(self._silenced)
+        """Neighbours out of the mix because they have been silent too long (as the last round
+        found them)."""
+        return self.mixer.silenced
 
     @property
     def degree(self) -> int:
-        return len(self._neighbours)
+        return self._degree
 
-    def _mixing_weights(self) -> dict[str, float]:
-        weights = mixing_weights(self.state, self._neighbours, self.degree, self.silence_limit_s)
-        self._note_silence(weights)
-        return weights
-
-    def _note_silence(self, weights: Mapping[str, float]) -> None:
-        """Log the neighbours that leave the mix for their silence, and those back in it."""
-        for peer in self._neighbours:
-            silent = self.state.silent_for(peer)
-            if silent is None:
-                continue  # no replica yet: out of the mix, but not for its silence
-            if peer not in weights:
-                if peer not in self._silenced:
-                    self._silenced.add(peer)
-                    log.warning("%s silent for %.1f s: out of the mix till it speaks", peer, silent)
-            elif peer in self._silenced:
-                self._silenced.discard(peer)
-                log.info("%s speaks again: back in the mix", peer)
-        self._silenced &= self._neighbours
-
-    def _score_neighbours(self) -> None:
-        """Feed each neighbour's change since the last round to the anomaly score; log who
-        enters or leaves the evicted set. A replica restarted by a new session is not a delta."""
-        deltas = {}
-        for peer in self._neighbours:
-            replica = self.state.replicas.get(peer)
-            if replica is None:
-                continue
-            seen = self._seen.get(peer)
-            if seen is not None and seen[0] == replica.session:
-                deltas[peer] = replica.value - seen[1]
-            self._seen[peer] = (replica.session, replica.value.clone())
-        self.anomaly.update(deltas)
-        evicted = self.anomaly.evicted() & self._neighbours
-        for peer in sorted(evicted - self._evicted):
-            log.warning(
-                "evicting %s from the mix: anomaly score %.2f", peer, self.anomaly.scores[peer]
-            )
-        for peer in sorted((self._evicted - evicted) & self._neighbours):
-            log.warning(
-                "%s is back in the mix: anomaly score %.2f", peer, self.anomaly.scores[peer]
-            )
-        self._evicted = evicted
-
-    def _attack_target(self, x: torch.Tensor) -> torch.Tensor:
-        """What an attacking node publishes instead of its model (testing only)."""
-        if self.attack == "scale":
-            return x * 10
-        if self.attack == "flip":
-            return -x
-        if self.attack == "random":
-            return x + torch.randn(x.shape, generator=self._attack_rng, device=x.device)
-        raise ValueError(f"unknown attack {self.attack!r}")
+    @property
+    def outer(self) -> OuterNesterov | None:
+        return self.mixer.outer
 
     # -- rounds -------------------------------------------------------------------------------
 
     def submit_round(self, step: int) -> Future[Delta | None]:
         """Queue one gossip round on the worker; callable from any thread.
 
-        The round is q = Q(x - x̂), x̂ += q, then x += γ Σ w (x̂_j - x̂); its result is q, or
-        None when there is no neighbour to send it to (a new neighbour starts from a snapshot,
-        so skipping costs nothing).
+        The round is q = Q(x - x̂), x̂ += q, then x += γ Σ w (x̂_j - x̂) (gossip/mixing.py's
+        :class:`Mixer`); its result is q, or None when there is no neighbour to send it to (a
+        new neighbour starts from a snapshot, so skipping costs nothing).
         """
 
         def work() -> Delta | None:
-            if not self._neighbours:
+            made = self.mixer.round(self.flat.flat, self.model_lock)
+            if made is None:
                 return None
-            if self.attack is None and not self.robust:
-                seq, payload = send_and_mix(
-                    self.state,
-                    self.flat.flat,
-                    self.gamma,
-                    self._neighbours,
-                    self.silence_limit_s,
-                    self.outer,
-                    self.model_lock,
-                    on_weights=self._note_silence,
-                )
-                return Delta(self.node_id, self.state.session, seq, step, payload, self.degree)
-            with self.model_lock:
-                x = self.flat.flat.clone()
-            target = x if self.attack is None else self._attack_target(x)
-            seq, payload = self.state.make_delta(target)  # compression runs outside the lock
-            if self.attack is None:  # robust mixing
-                self._score_neighbours()
-                weights = self._mixing_weights()
-                with self.model_lock:
-                    clipped_consensus_step(
-                        self.state,
-                        self.flat.flat,
-                        self.gamma,
-                        weights,
-                        self.byzantine_fraction,
-                        self._evicted,
-                    )
-                    if self.outer is not None:
-                        self.outer.step(self.flat.flat)
-            return Delta(self.node_id, self.state.session, seq, step, payload, self.degree)
+            _log_decisions(made)
+            return Delta(
+                self.node_id, self.state.session, made.seq, step, made.payload, self._degree
+            )
 
         return self._pool.submit(work)
-
-    async def receive_delta(self, delta: Delta) -> int:
-        """Raises the state machine's errors (GossipError, CodecError) unchanged."""
-        d = delta
-        return await self._on_worker(
-            lambda: self.state.receive_delta(
-                d.sender, d.session, d.seq, d.payload, d.step, d.degree
-            )
-        )
-
-    async def check_snapshot(self, header: SnapshotHeader) -> None:
-        """The checks a snapshot's header must pass before its values are worth receiving."""
-        h = header
-        await self._on_worker(
-            lambda: self.state.check_snapshot(h.sender, h.session, h.seq, h.numel)
-        )
-
-    async def receive_snapshot(self, header: SnapshotHeader, values: torch.Tensor) -> int:
-        h = header
-        return await self._on_worker(
-            lambda: self.state.receive_snapshot(h.sender, h.session, h.seq, values, 0, h.degree)
-        )
 
     async def snapshot(self) -> tuple[SnapshotHeader, torch.Tensor]:
         """x̂ as a host tensor with its header, for a neighbour that needs to (re)start a replica."""
@@ -255,7 +160,7 @@ class Gossiper:
         def work() -> tuple[SnapshotHeader, torch.Tensor]:
             seq, values = self.state.snapshot()
             header = SnapshotHeader(
-                self.node_id, self.state.session, seq, values.numel(), self.degree
+                self.node_id, self.state.session, seq, values.numel(), self._degree
             )
             return header, values.cpu()
 
@@ -282,12 +187,14 @@ class Gossiper:
         await self._on_worker(work)
 
     async def neighbour_views(self) -> dict[str, NeighbourView]:
+        """How each neighbour stands now; a read, which changes nothing the rounds decide."""
+
         def work() -> dict[str, NeighbourView]:
-            mix = {p: w for p, w in self._mixing_weights().items() if p not in self._evicted}
+            mix = self.mixer.weights()
             with self.model_lock:
                 x = self.flat.flat.clone()
             views = {}
-            for peer in self._neighbours:
+            for peer in self.mixer.neighbours:
                 replica = self.state.replicas.get(peer)
                 silent = self.state.silent_for(peer)
                 views[peer] = NeighbourView(
@@ -302,3 +209,15 @@ class Gossiper:
             return views
 
         return await self._on_worker(work)
+
+
+def _log_decisions(made: Round) -> None:
+    """Log who left or re-entered the mix in a round (the round decided it; this only tells)."""
+    for peer, silent_s in made.went_silent.items():
+        log.warning("%s silent for %.1f s: out of the mix till it speaks", peer, silent_s)
+    for peer in made.spoke_again:
+        log.info("%s speaks again: back in the mix", peer)
+    for peer, score in made.newly_evicted.items():
+        log.warning("evicting %s from the mix: anomaly score %.2f", peer, score)
+    for peer, score in made.readmitted.items():
+        log.warning("%s is back in the mix: anomaly score %.2f", peer, score)

@@ -1,10 +1,10 @@
-"""Outbound links: this node's deltas delivered to one neighbour, in order, never blocking.
+"""Outbound links: the link machine (gossip/link.py) driven over a transport, never blocking.
 
-The receiver's replica is a replicated log of this node's public copy x̂. What to send is decided
-by the link's :class:`~gossip.outbox.Outbox` (deltas in sequence while all goes well, a snapshot of
-x̂ when the neighbour is new, reports a gap, could not be reached, or fell so far behind that the
-bounded queue overflowed); this module carries those decisions over a transport: deltas on a
-long-lived stream, snapshots by a call. Memory per link is bounded by the queue.
+What to send and when is the machine's call: a snapshot of x̂ when the neighbour is new, reports
+a gap, could not be reached, or fell so far behind that the bounded queue overflowed; deltas in
+sequence otherwise; back-off after failures. This module only carries its commands: a snapshot
+by a call, deltas on a long-lived stream whose acknowledgements a reader task hands back, and
+the machine's deadlines as timers. Memory per link is bounded by the machine's queue.
 
 A link is *busy* while ``window`` deltas are unacknowledged or queued. The node makes a new gossip
 round only when no healthy link is busy, so the rounds it makes are as fresh as the network can
@@ -15,20 +15,22 @@ queueing rounds would only make every replica staler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import logging
+import math
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import torch
 
+from gossip.link import Link, LinkConfig, LinkStats, SendDelta, SendSnapshot
 from gossip.messages import Delta, Member, SnapshotHeader
-from gossip.outbox import Outbox, OutboxConfig
+from gossip.outbox import Outbox
 from node import wire
 from node.aio import cancel_and_wait
-from node.telemetry import Counters, LinkCounters
-from node.transport.base import DeltaStream, Reason, Rejected, Transport, Unreachable
+from node.telemetry import Counters
+from node.transport.base import DeltaStream, Rejected, Transport, Unreachable
 
 __all__ = ["MIN_LINK_BYTES_PER_S", "LinkConfig", "PeerLink", "transfer_timeout_s"]
 
@@ -48,28 +50,12 @@ def transfer_timeout_s(call_timeout_s: float, nbytes: int) -> float:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class LinkConfig:
-    """Args:
-    queue: deltas held for a neighbour; past that the link resyncs with a snapshot instead.
-    window: unacknowledged deltas after which the link counts as busy.
-    """
-
-    queue: int = 16
-    window: int = 2
-    call_timeout_s: float = 10.0
-    backoff_min_s: float = 0.1
-    backoff_max_s: float = 5.0
-    #: Retry delay while the peer does not count us as a neighbour yet: its member view lags
-    #: ours by a protocol period or so, so waiting longer would only waste the edge.
-    not_neighbour_retry_s: float = 0.25
-
-
 class PeerLink:
     """Args:
     peer: whom to deliver to.
     snapshot: returns x̂ on the host, with its header.
     on_change: called whenever the link may have become busy or idle.
+    rng: the back-off's jitter.
     """
 
     def __init__(
@@ -80,19 +66,17 @@ class PeerLink:
         cfg: LinkConfig,
         counters: Counters,
         on_change: Callable[[], None] = lambda: None,
+        rng: random.Random | None = None,
     ) -> None:
         self.peer = peer
         self.transport = transport
         self.cfg = cfg
         self.counters = counters
-        self.stats = LinkCounters()
+        self.machine = Link(cfg, rng or random.Random())
         self._snapshot = snapshot
         self._on_change = on_change
-        self.outbox = Outbox(OutboxConfig(cfg.queue, cfg.window))
         self._wake = asyncio.Event()
-        self._error: Exception | None = None
         self._stream: DeltaStream | None = None
-        self._sending_snapshot = False
         self._overdue_timer: asyncio.TimerHandle | None = None
         self._reader: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -103,6 +87,7 @@ class PeerLink:
         self._task = asyncio.create_task(self._run(), name=f"link-{self.peer.node_id[:8]}")
 
     async def stop(self) -> None:
+        self.machine.close()
         if self._overdue_timer is not None:
             self._overdue_timer.cancel()
         task, self._task = self._task, None
@@ -124,44 +109,55 @@ class PeerLink:
     # -- state --------------------------------------------------------------------------------
 
     @property
+    def outbox(self) -> Outbox:
+        return self.machine.outbox
+
+    @property
+    def stats(self) -> LinkStats:
+        return self.machine.stats
+
+    @property
     def healthy(self) -> bool:
         """Streaming deltas (not resyncing or backing off after a failure)."""
-        return self._stream is not None and not self.outbox.needs_snapshot
+        return self.machine.healthy
 
     @property
     def busy(self) -> bool:
-        """A link that cannot take another round without it waiting in line: streaming with
-        ``window`` deltas unacknowledged or queued, or sending a snapshot with ``window`` queued
-        behind it. A link backing off after a failure is never busy, so a dead neighbour does
-        not hold up the others' rounds, nor is one whose answer is overdue (a neighbour that
-        vanished without a word), so it holds them up for a few answer times at most."""
-        return (self.healthy or self._sending_snapshot) and self.outbox.busy_at(self._now())
+        """Whether another round now would only wait in line (see ``Link.busy``)."""
+        return self.machine.busy(self._now())
 
     def offer(self, delta: Delta) -> None:
         """Queue a delta; never blocks. A full queue is dropped in favour of a resync."""
-        self.outbox.offer(delta)
+        self.machine.offer(delta)
         self._wake.set()
         self._on_change()
 
-    # -- sending ------------------------------------------------------------------------------
+    # -- carrying the machine's commands ------------------------------------------------------
 
     @staticmethod
     def _now() -> float:
         return asyncio.get_running_loop().time()
 
-    def _arm_overdue_timer(self) -> None:
-        """Wake the node when the oldest answer becomes overdue: the link then stops being busy
-        without anything else happening."""
+    def _changed(self) -> None:
+        """Wake the node now, and again when the oldest answer becomes overdue: the link then
+        stops being busy without anything else happening."""
         if self._overdue_timer is not None:
             self._overdue_timer.cancel()
             self._overdue_timer = None
-        at = self.outbox.overdue_at()
+        at = self.machine.overdue_at()
         if at is not None:
             self._overdue_timer = asyncio.get_running_loop().call_at(at + 1e-3, self._on_change)
-
-    def _changed(self) -> None:
-        self._arm_overdue_timer()
         self._on_change()
+
+    def _refused(self, epoch: int, err: Rejected) -> None:
+        treat = self.machine.refused(epoch, err.reason, self._now())
+        if treat is not None and not treat.resync:
+            level = logging.DEBUG if treat.expected else logging.WARNING
+            log.log(level, "%s refused our message: %s", self.peer.node_id[:8], err)
+
+    def _failed(self, epoch: int, err: Exception) -> None:
+        if self.machine.failed(epoch, self._now()):
+            log.debug("%s unreachable: %s", self.peer.node_id[:8], err)
 
     async def _drop_stream(self) -> None:
         reader, self._reader = self._reader, None
@@ -171,100 +167,73 @@ class PeerLink:
         if reader is not None:
             await cancel_and_wait(reader)
 
-    async def _read_acks(self, stream: DeltaStream) -> None:
+    async def _read_acks(self, stream: DeltaStream, epoch: int) -> None:
         try:
             while True:
                 await stream.next_ack()
-                self.outbox.acked(self._now())
+                self.machine.acked(epoch, self._now())
                 self._changed()
-        except (Rejected, Unreachable) as err:
-            self._error = err  # handled by the sending loop, which this wakes
-            self._wake.set()
+        except Rejected as err:
+            self._refused(epoch, err)
+        except Unreachable as err:
+            self._failed(epoch, err)
+        self._wake.set()  # the sending loop resyncs
+        self._changed()
 
-    async def _send_snapshot(self) -> None:
+    async def _send_snapshot(self, epoch: int) -> None:
         # The old stream goes first: a snapshot must not overtake deltas it already covers.
         await self._drop_stream()
         header, values = await self._snapshot()
-        self.outbox.snapshot_taken(header.seq, self._now())
-        self._sending_snapshot = True
+        self.machine.snapshot_taken(epoch, header.seq, self._now())
         self._changed()
-        try:
-            timeout_s = transfer_timeout_s(self.cfg.call_timeout_s, wire.snapshot_nbytes(header))
-            await self.transport.call_push_snapshot(self.peer.address, header, values, timeout_s)
-        finally:
-            self._sending_snapshot = False
-        self.outbox.snapshot_answered(self._now())
         nbytes = wire.snapshot_nbytes(header)
-        self.stats.snapshots_sent += 1
+        timeout_s = transfer_timeout_s(self.cfg.call_timeout_s, nbytes)
+        await self.transport.call_push_snapshot(self.peer.address, header, values, timeout_s)
+        self.machine.snapshot_answered(epoch, self._now())
         self.stats.bytes_sent += nbytes
         self.counters.bytes_sent += nbytes
         self.counters.bytes_sent_fp32 += nbytes
-        if self.outbox.needs_snapshot:
-            return  # the queue overflowed meanwhile: the loop sends a fresher one
-        self._stream = await self.transport.open_delta_stream(self.peer.address)
-        self._reader = asyncio.create_task(self._read_acks(self._stream))
-        self._on_change()
+        if self.machine.healthy:  # else the queue overflowed meanwhile: a fresher one goes
+            self._stream = await self.transport.open_delta_stream(self.peer.address)
+            self._reader = asyncio.create_task(self._read_acks(self._stream, epoch))
 
-    async def _send_delta(self, delta: Delta) -> None:
+    async def _send_delta(self, command: SendDelta) -> None:
         assert self._stream is not None
+        delta = command.delta
         await self._stream.send(delta)
-        self.outbox.delta_sent(delta, self._now())
-        self._arm_overdue_timer()
         nbytes = wire.delta_nbytes(delta)
-        self.stats.deltas_sent += 1
         self.stats.bytes_sent += nbytes
         self.counters.bytes_sent += nbytes
         self.counters.bytes_sent_fp32 += wire.delta_fp32_nbytes(delta)
 
-    async def _next_delta(self) -> Delta | None:
-        """The next queued delta not covered by the last snapshot; None on a stream error."""
-        while True:
-            if self._error is not None:
-                return None
-            delta = self.outbox.next_delta()
-            if delta is not None:
-                return delta
-            self._wake.clear()
+    async def _wait(self, deadline: float) -> None:
+        """Until something happens to the link, or ``deadline`` (a back-off's end)."""
+        if math.isinf(deadline):
             await self._wake.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await self._wake.wait()
 
     async def _run(self) -> None:
-        backoff = self.cfg.backoff_min_s
         while True:
-            try:
-                if self.outbox.needs_snapshot:
-                    await self._send_snapshot()
-                    continue
-                delta = await self._next_delta()
-                if delta is None:
-                    err, self._error = self._error, None
-                    assert err is not None
-                    raise err
-                await self._send_delta(delta)
-                backoff = self.cfg.backoff_min_s
+            self._wake.clear()
+            command = self.machine.poll(self._now())
+            if command is None:
+                await self._wait(self.machine.next_deadline())
                 continue
-            except Rejected as err:
-                await self._drop_stream()
-                self.outbox.refused()
-                if err.reason in (Reason.GAP, Reason.STALE):
-                    continue  # the snapshot repairs it
-                self.stats.failures += 1
-                if err.reason is Reason.UNKNOWN_SENDER:
-                    # Its view does not make us neighbours yet; membership gossip will.
-                    log.debug("%s does not count us as a neighbour yet", self.peer.node_id[:8])
-                    backoff = self.cfg.not_neighbour_retry_s
-                elif err.reason in (Reason.NOT_READY, Reason.SHUTTING_DOWN):
-                    log.debug("%s is not taking messages: %s", self.peer.node_id[:8], err)
+            try:
+                if isinstance(command, SendSnapshot):
+                    await self._send_snapshot(command.epoch)
                 else:
-                    log.warning("%s refused our message: %s", self.peer.node_id[:8], err)
+                    await self._send_delta(command)
+            except Rejected as err:
+                self._refused(command.epoch, err)
+                await self._drop_stream()
             except Exception as err:  # Unreachable, or a bug: a link must never die quietly
                 if not isinstance(err, Unreachable):
                     log.exception("link to %s failed", self.peer.node_id[:8])
+                self._failed(command.epoch, err)
                 await self._drop_stream()
-                self.stats.failures += 1
-                self.outbox.lost()
-                log.debug("%s unreachable: %s", self.peer.node_id[:8], err)
             finally:
                 self._changed()
-            # Back off with jitter before trying again, so a dead peer costs little.
-            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
-            backoff = min(2 * backoff, self.cfg.backoff_max_s)

@@ -43,6 +43,7 @@ from gossip.codecs import get_codec
 from gossip.messages import Delta, TaskFingerprint
 from gossip.mixing import RoundPacer
 from gossip.outer import OuterNesterov
+from gossip.refusals import REFUSALS
 from gossip.replicas import GossipState
 from node.checkpoint import (
     CHECKPOINT_FILE,
@@ -69,7 +70,7 @@ from node.tasks.base import Shard, Task, load_task
 from node.telemetry import Counters, MetricsLog
 from node.trainer import EvalResult, Trainer
 from node.transfer import receive_model
-from node.transport.base import Reason, Rejected, Transport, Unreachable
+from node.transport.base import Rejected, Transport, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
 __all__ = ["JoinError", "MonotonicClock", "Node"]
@@ -488,15 +489,11 @@ class Node:
         neighbour took our public copy and sent us its own), so no node trains its first steps
         alone; after ``wait_timeout_s``, start anyway."""
         want = self.cfg.wait_members
+        hood = self.peers.neighbourhood
 
         def ready() -> bool:
-            links = self.peers.links
-            # Both directions of every edge: they took our public copy, and we hold theirs.
-            return (
-                len(self.peers.view) >= want
-                and all(link.healthy for link in links.values())
-                and links.keys() <= self.state.replicas.keys()
-            )
+            # What the worker published of the replicas: the event loop never reads the state.
+            return hood.ready(len(self.peers.view), want, self.gossiper.replicated)
 
         try:
             if not ready():
@@ -513,8 +510,8 @@ class Node:
                 self.node_id[:8],
                 len(self.peers.view),
                 want,
-                sum(link.healthy for link in self.peers.links.values()),
-                len(self.peers.links),
+                hood.links_up(),
+                len(hood.links),
             )
         self.trainer.start()
 
@@ -748,8 +745,8 @@ class Node:
             self.metrics.write("stop", **json.loads(status_to_json(status)))
 
 
-#: Refusals of a join that will not change by retrying.
-_FOR_GOOD = frozenset({Reason.PROTOCOL_VERSION, Reason.FINGERPRINT, Reason.BAD_ADDRESS})
+#: Refusals of a join that will not change by retrying (gossip/refusals.py).
+_FOR_GOOD = frozenset(r for r, c in REFUSALS.items() if c.for_good)
 
 
 def _check_resumable(ckpt: Checkpoint, fingerprint: TaskFingerprint, cfg: NodeConfig) -> None:

@@ -10,14 +10,17 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from gossip.clock import Clock
-from gossip.membership import MemberView, relink
-from gossip.messages import PROTOCOL_VERSION, Delta, Hello, TaskFingerprint
+from gossip.membership import MemberView
+from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member, TaskFingerprint
+from gossip.refusals import REFUSALS
 from gossip.swim import MemberRecord, Swim, SwimConfig
 from node.config import GossipConfig
 from node.gossiper import Gossiper
 from node.links import LinkConfig, PeerLink
 from node.membership import Membership
+from node.neighbourhood import Neighbourhood
 from node.revocation import Revocations, parse_revocations
+from node.steps import run_on
 from node.telemetry import Counters
 from node.transport.base import Reason, Rejected, Transport, Unreachable
 
@@ -28,8 +31,8 @@ MemberSigning = tuple[Callable[[bytes], bytes], bytes, Callable[[MemberRecord], 
 
 log = logging.getLogger(__name__)
 
-#: Refusals that mean "not now" rather than "never": retry the join.
-_RETRYABLE = frozenset({Reason.SHUTTING_DOWN, Reason.NOT_READY})
+#: Refusals that mean "not now" rather than "never": retry the join (gossip/refusals.py).
+_RETRYABLE = frozenset(r for r, c in REFUSALS.items() if c.retryable)
 
 #: Members told directly that a node leaves, besides its neighbours (the rest hear it by gossip).
 LEAVE_FANOUT = 8
@@ -87,9 +90,16 @@ class Peers:
         self.membership = Membership(
             self.swim, transport, clock, self._members_changed, attach=self._attachment
         )
-        self.links: dict[str, PeerLink] = {}
-        #: Links open only once the node has its starting model (a joiner pulls one first).
-        self.linking = False
+        #: The neighbours and the links to them (the one topology update, shared with the
+        #: simulator).
+        self.neighbourhood: Neighbourhood[PeerLink] = Neighbourhood(
+            self.view,
+            cfg,
+            self._open_link,
+            self._close_link,
+            lambda peer: self.membership.send([self.swim.ping(peer.address)]),
+            gossiper.apply_neighbours,
+        )
         self._spawn = spawn
         self._on_view_change = on_view_change
         self._on_links_change = on_links_change
@@ -98,6 +108,16 @@ class Peers:
     def set_address(self, address: str) -> None:
         """Where others reach this node; set once it serves, before it talks to anyone."""
         self.swim.address = address
+
+    @property
+    def links(self) -> dict[str, PeerLink]:
+        """One outbound link per neighbour, by id."""
+        return self.neighbourhood.links
+
+    @property
+    def linking(self) -> bool:
+        """Whether links open (only once the node has its starting model)."""
+        return self.neighbourhood.linking
 
     @property
     def busy(self) -> bool:
@@ -265,43 +285,38 @@ class Peers:
     # -- neighbours ---------------------------------------------------------------------------
 
     async def start_links(self) -> None:
-        self.linking = True
-        await self.update_topology()
+        async with self._topology_lock:
+            await run_on(self.neighbourhood.start_linking(), self.gossiper.run)
+        self._topology_changed()
 
     async def update_topology(self) -> None:
         """Derive this node's neighbours from the view; open and close links to match."""
         async with self._topology_lock:
-            cfg = self.cfg
-            wanted = self.view.neighbours(cfg.topology, degree=cfg.degree, seed=cfg.seed)
-            me = self.node_id
-            mine = frozenset(wanted)
-            await self.gossiper.set_neighbours(mine)
-            close, open_ = relink({j: link.peer for j, link in self.links.items()}, wanted)
-            for peer_id in close:
-                # Stopped in the background: a link to a dead peer may take a while to let
-                # go of its call, and the topology must not wait for it.
-                link = self.links.pop(peer_id)
-                self._spawn(link.stop(), f"unlink-{peer_id[:8]}")
-            if self.linking:
-                for peer_id in open_:
-                    peer = wanted[peer_id]
-                    link = PeerLink(
-                        peer,
-                        self.transport,
-                        self.gossiper.snapshot,
-                        self.link_cfg,
-                        self.counters,
-                        on_change=self._on_links_change,
-                    )
-                    self.links[peer_id] = link
-                    link.start()
-                    # The ping carries our record: a neighbour that has not heard of us yet
-                    # (membership gossip takes a few periods) counts us as its neighbour now.
-                    self.membership.send([self.swim.ping(peer.address)])
-            self._on_links_change()
-            log.info(
-                "node %s neighbours (%s): %s",
-                me[:8],
-                self.cfg.topology,
-                " ".join(sorted(j[:8] for j in mine)),
-            )
+            await run_on(self.neighbourhood.update(), self.gossiper.run)
+        self._topology_changed()
+
+    def _topology_changed(self) -> None:
+        self._on_links_change()
+        log.info(
+            "node %s neighbours (%s): %s",
+            self.node_id[:8],
+            self.cfg.topology,
+            " ".join(sorted(j[:8] for j in self.neighbourhood.neighbours)),
+        )
+
+    def _open_link(self, peer: Member) -> PeerLink:
+        link = PeerLink(
+            peer,
+            self.transport,
+            self.gossiper.snapshot,
+            self.link_cfg,
+            self.counters,
+            on_change=self._on_links_change,
+        )
+        link.start()
+        return link
+
+    def _close_link(self, link: PeerLink) -> None:
+        # Stopped in the background: a link to a dead peer may take a while to let go of its
+        # call, and the topology must not wait for it.
+        self._spawn(link.stop(), f"unlink-{link.peer.node_id[:8]}")

@@ -2,7 +2,8 @@
 
 A refused message raises :class:`Rejected` with a reason, is counted under that reason, and leaves
 the node exactly as it was: the state machine checks everything before it changes anything, and
-snapshots are assembled in a buffer of their own before they replace a replica.
+snapshots are assembled in a buffer of their own before they replace a replica. Deltas and
+snapshots take the node's one inbound path (node/inbound.py), which the simulator runs too.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
-from gossip.codecs import CodecError, NonFiniteError, tensor_from_bytes
-from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
-from gossip.replicas import GossipError, SequenceGap, StaleSequence, UnknownPeer
+from gossip.codecs import tensor_from_bytes
+from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
+from gossip.refusals import Reason
 from gossip.swim import SwimMessage
 from node import wire
-from node.penalties import Penalties, PenaltyConfig, RateConfig, RateLimiter, SystemClock
+from node.inbound import Inbound
+from node.penalties import Penalties, RateLimiter, SystemClock
 from node.status import NodeStatus
-from node.transport.base import Reason, Rejected, SnapshotChunk, iter_chunks
+from node.steps import run_on
+from node.transport.base import Rejected, SnapshotChunk, iter_chunks
 
 if TYPE_CHECKING:
     from node.node import Node
@@ -30,70 +33,57 @@ __all__ = ["NodeService"]
 log = logging.getLogger(__name__)
 
 
-def reason_of(err: Exception) -> Reason:
-    """The refusal a core error stands for (the simulator refuses with the same)."""
-    if isinstance(err, UnknownPeer):
-        return Reason.UNKNOWN_SENDER
-    if isinstance(err, SequenceGap):
-        return Reason.GAP
-    if isinstance(err, StaleSequence):
-        return Reason.STALE
-    if isinstance(err, NonFiniteError):
-        return Reason.NON_FINITE
-    return Reason.BAD_PAYLOAD
-
-
 class NodeService:
-    """Implements the transport's ``Handler`` for one node."""
+    """Implements the transport's ``Handler`` for one node; gossip goes through the node's one
+    inbound path (node/inbound.py), which the simulator shares."""
 
-    def __init__(
-        self, node: Node, penalties: Penalties | None = None, rates: RateLimiter | None = None
-    ) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
-        #: Who is kept out for sending bad messages; public so that tests can give it a clock.
-        self.penalties = penalties or Penalties(PenaltyConfig(), SystemClock())
-        #: How fast each sender may send; public for the same reason.
-        self.rates = rates or RateLimiter(RateConfig(), SystemClock())
+        self.inbound = Inbound(
+            node.state,
+            node.counters,
+            SystemClock(),
+            accepting=self._accepting,
+            on_replicas=node.gossiper.published,
+        )
+
+    @property
+    def penalties(self) -> Penalties:
+        """Who is kept out for sending bad messages; settable so that tests can give it a
+        clock."""
+        return self.inbound.penalties
+
+    @penalties.setter
+    def penalties(self, penalties: Penalties) -> None:
+        self.inbound.penalties = penalties
+
+    @property
+    def rates(self) -> RateLimiter:
+        """How fast each sender may send; settable for the same reason."""
+        return self.inbound.rates
+
+    @rates.setter
+    def rates(self, rates: RateLimiter) -> None:
+        self.inbound.rates = rates
+
+    def _accepting(self) -> Reason | None:
+        if self.node.closing:
+            return Reason.SHUTTING_DOWN
+        if not self.node.ready:
+            return Reason.NOT_READY
+        return None
 
     def is_revoked(self, node_id: str) -> bool:
         return node_id in self.node.peers.revocations.node_ids
 
     def note_rejected(self, reason: Reason, detail: str) -> None:
-        self.node.counters.rejected[str(reason)] += 1
-        log.debug("rejected (%s): %s", reason, detail)
+        self.inbound.note_rejected(reason, detail)
 
     def _refuse(self, reason: Reason, detail: str, sender: str = "") -> NoReturn:
-        """Count and raise a refusal; one of ``sender``'s bad messages also counts against it."""
-        self.note_rejected(reason, detail)
-        if sender and (ban_s := self.penalties.note_refusal(sender, reason)):
-            log.warning(
-                "%s keeps sending bad messages (last: %s); refusing it for %.0f s",
-                sender[:8],
-                reason,
-                ban_s,
-            )
-        raise Rejected(reason, detail)
+        self.inbound.refuse(reason, detail, sender)
 
     def _check_common(self, protocol_version: int, sender: str) -> None:
-        if self.node.closing:
-            self._refuse(Reason.SHUTTING_DOWN, "this node is shutting down")
-        if not self.node.ready:
-            self._refuse(Reason.NOT_READY, "this node is still starting")
-        # A banned sender is refused before anything of its message is looked at.
-        ban_left_s = self.penalties.ban_left_s(sender)
-        if ban_left_s > 0:
-            self._refuse(
-                Reason.BANNED,
-                f"{sender[:8]} sent too many bad messages; refused for another {ban_left_s:.0f} s",
-            )
-        if sender and not self.rates.allow(sender):
-            self._refuse(Reason.RATE_LIMITED, f"{sender[:8]} sends faster than its rate limit")
-        if protocol_version != PROTOCOL_VERSION:
-            self._refuse(
-                Reason.PROTOCOL_VERSION,
-                f"protocol version {protocol_version} is not ours ({PROTOCOL_VERSION})",
-                sender,
-            )
+        self.inbound.admit(protocol_version, sender)
 
     async def rpc_hello(self, hello: Hello) -> Hello:
         sender = hello.self_.node_id
@@ -133,14 +123,9 @@ class NodeService:
             yield ModelChunk(values.numel(), chunk.offset, chunk.data, step)
 
     async def rpc_push_delta(self, delta: Delta) -> int:
-        self._check_common(delta.protocol_version, delta.sender)
-        try:
-            seq = await self.node.gossiper.receive_delta(delta)
-        except (GossipError, CodecError) as err:
-            self._refuse(reason_of(err), str(err), delta.sender)
-        nbytes = wire.delta_nbytes(delta)
-        self.node.counters.bytes_received += nbytes
-        self.node.counters.received_from[delta.sender] += nbytes
+        seq = await run_on(
+            self.inbound.push_delta(delta, wire.delta_nbytes(delta)), self.node.gossiper.run
+        )
         self.node.notify_change()
         return seq
 
@@ -148,11 +133,7 @@ class NodeService:
         self, header: SnapshotHeader, chunks: AsyncIterator[SnapshotChunk]
     ) -> int:
         sender = header.sender
-        self._check_common(header.protocol_version, sender)
-        try:
-            await self.node.gossiper.check_snapshot(header)
-        except (GossipError, CodecError) as err:
-            self._refuse(reason_of(err), str(err), sender)
+        await run_on(self.inbound.open_snapshot(header), self.node.gossiper.run)
         # One model-sized buffer plus one chunk in flight: memory stays bounded.
         values = torch.empty(header.numel, dtype=torch.float32)
         filled = 0
@@ -171,13 +152,10 @@ class NodeService:
             self._refuse(
                 Reason.MALFORMED, f"snapshot ended after {filled} of {header.numel} values", sender
             )
-        try:
-            seq = await self.node.gossiper.receive_snapshot(header, values)
-        except (GossipError, CodecError) as err:
-            self._refuse(reason_of(err), str(err), sender)
-        nbytes = wire.snapshot_nbytes(header)
-        self.node.counters.bytes_received += nbytes
-        self.node.counters.received_from[header.sender] += nbytes
+        seq = await run_on(
+            self.inbound.apply_snapshot(header, values, wire.snapshot_nbytes(header)),
+            self.node.gossiper.run,
+        )
         self.node.notify_change()
         return seq
 

@@ -9,15 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["Counters", "LinkCounters", "MetricsLog", "read_metrics"]
-
-
-@dataclass
-class LinkCounters:
-    bytes_sent: int = 0
-    deltas_sent: int = 0
-    snapshots_sent: int = 0
-    failures: int = 0
+__all__ = ["Counters", "MetricsLog", "read_metrics"]
 
 
 @dataclass

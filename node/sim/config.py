@@ -74,6 +74,11 @@ class SimConfig:
         every node's model is the expensive part.
     consensus_threshold: the relative consensus distance (over the first sample's) counted
         as reached; target_accuracy: the accuracy counted as reached.
+    wait_timeout_s: a node starts training once every edge is up both ways, or after this long
+        (the daemon's ``wait_timeout_s``).
+    attackers: testing robustness: this share of the initial nodes (rounded, at least one when
+        positive) publishes ``gossip.attack`` instead of its model; samples count only the
+        honest nodes.
     """
 
     nodes: int = 64
@@ -90,6 +95,8 @@ class SimConfig:
     eval_every_s: float = 2.0
     consensus_threshold: float = 1e-2
     target_accuracy: float = 0.8
+    wait_timeout_s: float = 60.0  # the daemon's default
+    attackers: float = 0.0
     gossip: GossipConfig = field(default_factory=GossipConfig)
     membership: SwimConfig = field(default_factory=SwimConfig)
     net: NetConfig = field(default_factory=NetConfig)
@@ -104,3 +111,17 @@ class SimConfig:
             raise ValueError("stragglers is a fraction; their slowdown is at least 1")
         if self.speed_spread < 0 or not math.isfinite(self.speed_spread):
             raise ValueError("speed_spread must be a finite non-negative number")
+        if self.wait_timeout_s <= 0:
+            raise ValueError("wait_timeout_s must be positive")
+        if not 0 <= self.attackers < 1:
+            raise ValueError("attackers is a share of the nodes, in [0, 1)")
+        if (self.attackers > 0) != (self.gossip.attack is not None):
+            raise ValueError(
+                "attackers (a share of the nodes) and gossip.attack (what they publish) go "
+                "together: give both or neither"
+            )
+
+    @property
+    def attacker_count(self) -> int:
+        """How many of the initial nodes attack."""
+        return max(1, round(self.attackers * self.nodes)) if self.attackers > 0 else 0

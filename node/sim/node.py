@@ -1,12 +1,15 @@
 """One simulated node: what a daemon keeps and decides, driven by simulated time.
 
 It keeps only what a real node keeps: its task shard and model, the optimizer's state, the
-public copy x̂ and its neighbours' replicas (``GossipState``), its SWIM state and one outbox
-per link. What it decides it decides with the daemon's code: ``train_step`` for a local step,
-``RoundPacer`` for when to gossip, ``send_and_mix`` for the round, ``MemberView.neighbours``
-and ``relink`` for whom to link to, SWIM for who is there, the Outbox (through ``SimLink``)
-for what each link sends. What the daemon does on threads and an event loop happens here as
-events on the simulation's queue; a step takes ``step_time_s`` of simulated time.
+public copy x̂ and its neighbours' replicas (``GossipState``), its SWIM state and one link
+machine per neighbour. What it decides and checks it does with the daemon's code:
+``train_step`` for a local step, ``RoundPacer`` for when to gossip, the ``Mixer`` for the round
+(plain, robust, or an attacker's, with the outer step or without), the ``Neighbourhood`` for
+whom to link to and when to start training (both directions of every edge up, as the daemon
+waits), SWIM for who is there, the link machine (through ``SimLink``) for what each link sends,
+and the ``Inbound`` path for what it takes. What the daemon does on threads and an event loop
+happens here as events on the simulation's queue; a step takes ``step_time_s`` of simulated
+time.
 """
 
 from __future__ import annotations
@@ -17,22 +20,25 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gossip.codecs import CodecError
-from gossip.membership import MemberView, relink
-from gossip.messages import PROTOCOL_VERSION, Delta, SnapshotHeader
-from gossip.mixing import RoundPacer, send_and_mix
-from gossip.replicas import GossipError, GossipState
+from gossip.link import LinkConfig
+from gossip.membership import MemberView
+from gossip.messages import PROTOCOL_VERSION, Delta, Member, SnapshotHeader
+from gossip.mixing import MixConfig, Mixer, RoundPacer
+from gossip.outer import OuterNesterov
+from gossip.refusals import Reason
+from gossip.replicas import GossipState
 from gossip.swim import Outgoing, Swim, SwimMessage
 from node import wire
 from node.flat import FlatParams
-from node.links import LinkConfig
+from node.inbound import Inbound
+from node.neighbourhood import Neighbourhood
 from node.peers import LEAVE_FANOUT
-from node.service import reason_of
 from node.sim.link import SimLink
+from node.steps import run_here
 from node.tasks.base import Task
 from node.telemetry import Counters
 from node.trainer import batches, train_step
-from node.transport.base import Reason, Rejected
+from node.transport.base import Rejected
 
 if TYPE_CHECKING:
     from node.sim.swarm import Simulation
@@ -53,6 +59,7 @@ class SimNode:
     shard: the index of its training shard.
     task: its task, built as the daemon builds it (same seed: same initial model).
     step_s: simulated seconds per local step (its speed).
+    attack: testing robustness: what this node publishes instead of its model (None: honest).
     """
 
     def __init__(
@@ -66,6 +73,7 @@ class SimNode:
         session: int,
         incarnation: int,
         rng: random.Random,
+        attack: str | None = None,
     ) -> None:
         cfg = sim.cfg
         g = cfg.gossip
@@ -96,21 +104,44 @@ class SimNode:
         )
         self.view = MemberView(self.swim)
         self.pacer = RoundPacer(g.local_steps)
+        self.attack = attack
+        outer = OuterNesterov(g.outer_lr, g.outer_momentum) if g.outer_lr else None
+        mix = MixConfig(g.step_size, g.silence_limit_s, g.robust, g.byzantine_fraction, attack)
+        self.mixer = Mixer(self.state, mix, outer)
         self.link_cfg = LinkConfig(queue=g.link_queue, call_timeout_s=g.call_timeout_s)
-        self.links: dict[str, SimLink] = {}
-        self.neighbours: frozenset[str] = frozenset()
+        self.neighbourhood: Neighbourhood[SimLink] = Neighbourhood(
+            self.view,
+            g,
+            self._open_link,
+            SimLink.close,
+            lambda peer: self.send_swim([self.swim.ping(peer.address)]),
+            self.mixer.set_neighbours,
+        )
         self.counters = Counters()
+        self.inbound = Inbound(self.state, self.counters, sim.clock)
         self.swim_bytes = 0
         self.step = 0
         self.loss = float("nan")
         self.alive = True
-        self.linking = False
         self.training = False
+        #: Linked, and waiting for every edge to be up both ways before it trains.
+        self.waiting = False
         #: Whom a joiner pulled its starting model from.
         self.pulled_from: str | None = None
         self._dead_streams: dict[str, tuple[str, int]] = {}
         self._sizes: tuple[int, tuple[int, int]] = (-1, (0, 0))
-        self._snapshot_sizes: dict[int, int] = {}
+
+    @property
+    def links(self) -> dict[str, SimLink]:
+        return self.neighbourhood.links
+
+    @property
+    def neighbours(self) -> frozenset[str]:
+        return self.neighbourhood.neighbours
+
+    @property
+    def linking(self) -> bool:
+        return self.neighbourhood.linking
 
     @property
     def degree(self) -> int:
@@ -130,20 +161,40 @@ class SimNode:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start_links(self) -> None:
-        self.linking = True
-        self.update_topology()
+        """The node has its starting model: link to the neighbours, and train once every edge
+        is up both ways (or after ``wait_timeout_s``), as the daemon does."""
+        run_here(self.neighbourhood.start_linking())
+        self.waiting = True
+        self.sim.events.after(self.sim.cfg.wait_timeout_s, self._start_training)
+        self.check_ready()
 
-    def start_training(self) -> None:
+    def check_ready(self) -> None:
+        """Start training if the node waits for its links and they are all up both ways."""
+        # Everyone it knows from the start, or from its join, is a member: the daemon's
+        # default wait_members of 1 is met; what it waits for is its edges.
+        if self.waiting and self.neighbourhood.ready(1, 1, self.state.replicas):
+            self._start_training()
+
+    def _start_training(self) -> None:
+        if not self.waiting or not self.alive:
+            return
+        self.waiting = False
         self.training = True
         if self.sim.cfg.steps == 0:  # gossip alone, as a node whose budget is spent
             self.sim.events.after(self.sim.cfg.gossip.idle_round_interval_s, self._idle_round)
         else:
             self.sim.events.after(self.step_s, self._local_step)
 
+    def _open_link(self, peer: Member) -> SimLink:
+        link = SimLink(self, peer, self.link_cfg)
+        link.pump()
+        return link
+
     def stop(self) -> None:
         """Gone (crashed, or after saying so): nothing of it runs any more."""
         self.alive = False
         self.training = False
+        self.waiting = False
         for link in self.links.values():
             link.close()
         self.sim.events.cancel_timer(self.address)
@@ -186,13 +237,12 @@ class SimNode:
         if not self.pacer.begin(self.step):
             return False
         try:
-            if not self.neighbours:
+            made = self.mixer.round(self.flat.flat)
+            if made is None:
                 return False
-            g = self.sim.cfg.gossip
-            seq, payload = send_and_mix(
-                self.state, self.flat.flat, g.step_size, self.neighbours, g.silence_limit_s
+            delta = Delta(
+                self.node_id, self.state.session, made.seq, self.step, made.payload, self.degree
             )
-            delta = Delta(self.node_id, self.state.session, seq, self.step, payload, self.degree)
             self.counters.rounds += 1
             for link in list(self.links.values()):
                 link.offer(delta)
@@ -200,7 +250,7 @@ class SimNode:
         finally:
             self.pacer.end()
 
-    # -- inbound (the service's checks that concern the state machine) ------------------------
+    # -- inbound: the daemon's path (node/inbound.py) -----------------------------------------
 
     def rpc_push_delta(self, delta: Delta, stream: tuple[str, int], nbytes: int) -> int:
         """Raises Rejected as the daemon's service does; a stream that was refused once is
@@ -208,26 +258,14 @@ class SimNode:
         if self._dead_streams.get(delta.sender) == stream:
             raise Rejected(Reason.GAP, "the stream was closed")
         try:
-            seq = self.state.receive_delta(
-                delta.sender, delta.session, delta.seq, delta.payload, delta.step, delta.degree
-            )
-        except (GossipError, CodecError) as err:
+            return run_here(self.inbound.push_delta(delta, nbytes))
+        except Rejected:
             self._dead_streams[delta.sender] = stream
-            self.counters.rejected[str(reason_of(err))] += 1
-            raise Rejected(reason_of(err), str(err)) from None
-        self.counters.bytes_received += nbytes
-        return seq
+            raise
 
-    def rpc_push_snapshot(self, header: SnapshotHeader, values: torch.Tensor) -> int:
-        try:
-            self.state.check_snapshot(header.sender, header.session, header.seq, header.numel)
-            seq = self.state.receive_snapshot(
-                header.sender, header.session, header.seq, values, 0, header.degree
-            )
-        except (GossipError, CodecError) as err:
-            self.counters.rejected[str(reason_of(err))] += 1
-            raise Rejected(reason_of(err), str(err)) from None
-        self.counters.bytes_received += self.snapshot_nbytes(header)
+    def rpc_push_snapshot(self, header: SnapshotHeader, values: torch.Tensor, nbytes: int) -> int:
+        seq = run_here(self.inbound.push_snapshot(header, values, nbytes))
+        self.check_ready()
         return seq
 
     # -- membership ---------------------------------------------------------------------------
@@ -261,21 +299,8 @@ class SimNode:
 
     def update_topology(self) -> None:
         """Derive the neighbours from the view; open and close links to match."""
-        g = self.sim.cfg.gossip
-        wanted = self.view.neighbours(g.topology, degree=g.degree, seed=g.seed)
-        self.neighbours = frozenset(wanted)
-        self.state.set_peers(self.neighbours)
-        close, open_ = relink({j: link.peer for j, link in self.links.items()}, wanted)
-        for peer_id in close:
-            self.links.pop(peer_id).close()
-        if self.linking:
-            for peer_id in open_:
-                link = SimLink(self, wanted[peer_id], self.link_cfg)
-                self.links[peer_id] = link
-                link.pump()
-                # The ping carries our record: a neighbour that has not heard of us yet
-                # counts us as its neighbour now.
-                self.send_swim([self.swim.ping(wanted[peer_id].address)])
+        run_here(self.neighbourhood.update())
+        self.check_ready()
 
     # -- joining ------------------------------------------------------------------------------
 

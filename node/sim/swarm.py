@@ -39,7 +39,8 @@ __all__ = ["Sample", "Simulation", "Summary"]
 
 @dataclass(frozen=True)
 class Sample:
-    """The swarm at one moment of simulated time ``t`` (live nodes that train)."""
+    """The swarm at one moment of simulated time ``t`` (live nodes that train and do not
+    attack)."""
 
     t: float
     live: int
@@ -111,17 +112,19 @@ class Simulation:
         self._count = 0
         self._free_shards: list[int] = []
         self._started = time.perf_counter()
+        # Drawn apart from the rest, so that a run with attackers differs only by them.
+        picked = random.Random(cfg.seed + 2).sample(range(cfg.nodes), cfg.attacker_count)
+        self.attackers = frozenset(picked)
         for i in range(cfg.nodes):
-            self._make_node(shard=i)
+            self._make_node(shard=i, attack=cfg.gossip.attack if i in self.attackers else None)
         everyone = [n.swim.me for n in self.nodes.values()]
         for n in self.nodes.values():
             n.swim.merge(everyone)
             n.swim.drain_changes()
             n.swim.clear_updates()
         for n in self.nodes.values():
-            n.start_links()
+            n.start_links()  # and trains once its edges are up both ways
             n.after_swim()
-            n.start_training()
         self._probe = self._task(0, 0)
         self._probe_flat = FlatParams(self._probe.model)
         self.samples: list[Sample] = []
@@ -143,7 +146,7 @@ class Simulation:
         torch.manual_seed(cfg.seed * 7919 + index + 1 if cfg.independent_init else cfg.seed)
         return self.factory(Shard(shard, cfg.nodes, cfg.alpha, cfg.seed))
 
-    def _make_node(self, shard: int) -> SimNode:
+    def _make_node(self, shard: int, attack: str | None = None) -> SimNode:
         cfg = self.cfg
         index = self._count
         self._count += 1
@@ -162,6 +165,7 @@ class Simulation:
             session=self.rng.getrandbits(62),
             incarnation=1,
             rng=random.Random(self.rng.getrandbits(62)),
+            attack=attack,
         )
         self.nodes[node.address] = node
         return node
@@ -269,9 +273,8 @@ class Simulation:
             if not node.alive:
                 return
             node.adopt(values, session=self.rng.getrandbits(62))
-            node.start_links()
+            node.start_links()  # and trains once its edges are up both ways, as the daemon
             node.after_swim()
-            node.start_training()
 
         self.network.send(node.address, source.address, REPLY_BYTES, at_source, lossy=False)
 
@@ -295,7 +298,7 @@ class Simulation:
         return evaluate(task.model, task.eval, task.loss, CPU)[1]
 
     def sample(self) -> Sample:
-        live = [n for n in self.nodes.values() if n.training]
+        live = [n for n in self.nodes.values() if n.training and n.attack is None]
         everyone = list(self.nodes.values())
         slots = max(1, len(everyone) + self.departed)
         models = {n.node_id: n.flat.flat for n in live}

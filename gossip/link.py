@@ -1,0 +1,273 @@
+"""The link machine: one direction of one edge, this node's log delivered to one neighbour.
+
+A sans-I/O state machine in the style of h11 and swim-protocol's worker: it is told what happened
+(events, each with the time) and says what to do next (commands); it never waits, dials, sends
+or reads a clock. The daemon's link (node/links.py, over gRPC or the in-memory transport) and
+the simulator's (node/sim/link.py, over a modelled network) are thin drivers of it, so both
+follow one protocol:
+
+* the neighbour's replica of this node's public copy x̂ is a replicated log (gossip/replicas.py):
+  a snapshot of x̂ starts it, then deltas follow in sequence on a stream, each acknowledged once
+  applied. What is queued and when a snapshot is owed instead is the :class:`Outbox`'s call;
+* every snapshot opens a new *epoch*: the stream that follows it carries that epoch's deltas,
+  and answers (acknowledgements, refusals, failures) name the epoch they belong to. Answers of an
+  older epoch are ignored, so a driver never has to drain a stream it dropped;
+* a refusal is handled by its reason's classification (gossip/refusals.py): a gap or a stale
+  message is repaired by a snapshot at once; a neighbour whose view does not count us yet is
+  retried soon; anything else, and any failure to reach it, backs off (doubling, with jitter
+  drawn from the injected ``rng``) before the next snapshot;
+* the node asks :meth:`Link.busy` whether another round would only wait in line on this link.
+
+Drivers: call :meth:`Link.poll` after every event until it returns None, carry each command
+out, report its outcome, and poll again at :meth:`Link.next_deadline` (the end of a back-off)
+and, to re-ask ``busy``, at :meth:`Link.overdue_at`.
+
+How what comes next fits on it, unchanged:
+
+* **a connection dialed by either end, carrying both directions** (NAT, relays). The machine
+  neither dials nor knows who did: a command names an epoch, and the driver carries it on
+  whatever session it holds to that neighbour (a stream it dialed, a session the neighbour
+  dialed, a relayed one). The other direction of the same session is the neighbour's own link
+  machine, and its deltas land in this node's inbound path (node/inbound.py), whose answers go
+  back on the session. A session that breaks is :meth:`Link.failed` for the epoch it carried.
+* **per-link pacing**: ``busy`` and ``poll`` are per link, and nothing here assumes that the
+  delta offered to one link is the one offered to the others. A link that sends at its own
+  pace is offered, when it is not busy, the change accumulated since its own last send (from a
+  public copy of its own, with its own error feedback); a budget of bytes holds ``poll`` until
+  the budget allows (``poll`` takes the time for that reason).
+* **a codec per link**: the machine never looks inside a payload. A change of codec on a link
+  starts its log afresh: :meth:`Link.resync` owes a snapshot, and the deltas after it are
+  encoded with the new codec.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from enum import Enum
+
+from gossip.messages import Delta
+from gossip.outbox import Outbox, OutboxConfig
+from gossip.refusals import Reason, Refusal, Retry, refusal
+
+__all__ = ["Command", "Link", "LinkConfig", "LinkStats", "Phase", "SendDelta", "SendSnapshot"]
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """Args:
+    queue: deltas held for a neighbour; past that the link resyncs with a snapshot instead.
+    window: unacknowledged or queued deltas at which the link counts as busy.
+    overdue_min_s, overdue_factor: when an answer counts as overdue (see gossip/outbox.py).
+    call_timeout_s: the deadline of a call a driver makes for the link (a snapshot's grows
+        with its bytes: node/links.py's ``transfer_timeout_s``).
+    backoff_min_s, backoff_max_s: the back-off after a failure starts at the first and doubles
+        up to the second; each wait is drawn uniformly from its upper half.
+    not_neighbour_retry_s: the retry delay while the neighbour does not count us as one yet.
+    """
+
+    queue: int = 16  # bounds a link's memory; 16 rounds is seconds of a slow link's traffic
+    window: int = 2  # one delta on the wire while the next is queued keeps a link full
+    overdue_min_s: float = 2.0  # below this, a slow answer is jitter, not a vanished peer
+    overdue_factor: float = 4.0  # a few usual answer times: a queue on a slow link is not death
+    call_timeout_s: float = 10.0  # a unary call on a working edge link answers well within this
+    backoff_min_s: float = 0.1  # a refusal during churn clears within a round trip or two
+    backoff_max_s: float = 5.0  # a dead peer costs one snapshot attempt per few seconds
+    not_neighbour_retry_s: float = 0.25  # its view lags ours by a protocol period or so
+
+    def __post_init__(self) -> None:
+        _ = self.outbox  # checks the queue, the window and the overdue rule
+        if not 0 < self.backoff_min_s <= self.backoff_max_s or self.not_neighbour_retry_s <= 0:
+            raise ValueError("need 0 < backoff_min_s <= backoff_max_s and a positive retry delay")
+        if self.call_timeout_s <= 0:
+            raise ValueError("call_timeout_s must be positive")
+
+    @property
+    def outbox(self) -> OutboxConfig:
+        return OutboxConfig(self.queue, self.window, self.overdue_min_s, self.overdue_factor)
+
+
+@dataclass
+class LinkStats:
+    """What one link sent. Counts are the machine's; bytes are the driver's to add, since only
+    it knows the wire sizes."""
+
+    bytes_sent: int = 0
+    deltas_sent: int = 0
+    snapshots_sent: int = 0  # answered ones
+    failures: int = 0  # refusals other than gaps and stale messages, and failures to reach it
+
+
+@dataclass(frozen=True)
+class SendSnapshot:
+    """Drop the stream of any earlier epoch, read x̂ (report :meth:`Link.snapshot_taken`), send
+    it by a call, and report its answer (:meth:`Link.snapshot_answered`, ``refused``, ``failed``);
+    after a good answer this epoch's stream carries the deltas."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class SendDelta:
+    """Send ``delta`` on this epoch's stream; report its acknowledgement or what went wrong."""
+
+    epoch: int
+    delta: Delta
+
+
+Command = SendSnapshot | SendDelta
+
+
+class Phase(Enum):
+    IDLE = "idle"  # nothing open: owes a snapshot, now or after a back-off
+    SNAPSHOT = "snapshot"  # a snapshot call is out
+    STREAM = "stream"  # the epoch's stream carries deltas
+    CLOSED = "closed"  # the neighbour is no longer one; nothing more happens
+
+
+class Link:
+    """Args:
+    cfg: the link's policy.
+    rng: draws the back-off's jitter (injected, so that runs can be repeated).
+    """
+
+    def __init__(self, cfg: LinkConfig, rng: random.Random) -> None:
+        self.cfg = cfg
+        self.outbox = Outbox(cfg.outbox)
+        self.stats = LinkStats()
+        #: Numbers the snapshots, and the streams that follow them; 0 before the first.
+        self.epoch = 0
+        self.phase = Phase.IDLE
+        self._rng = rng
+        self._taken = False  # the current snapshot has been read (and is on its way)
+        self._backoff_s = cfg.backoff_min_s
+        self._resume_at = -math.inf
+
+    # -- what the node asks -------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """Streaming deltas: not resyncing, not backing off after a failure."""
+        return self.phase is Phase.STREAM and not self.outbox.needs_snapshot
+
+    def busy(self, now: float) -> bool:
+        """Another round now would only wait in line: streaming, or sending a snapshot, with
+        ``window`` deltas unanswered or queued behind it. A link that backs off after a failure
+        is never busy, so a dead neighbour does not hold up the others' rounds; nor is one whose
+        answer is overdue (a neighbour that vanished without a word), so it holds them up for a
+        few answer times at most."""
+        carrying = self.healthy or (self.phase is Phase.SNAPSHOT and self._taken)
+        return carrying and self.outbox.busy_at(now)
+
+    def next_deadline(self) -> float:
+        """When :meth:`poll` may have a command without any event happening (a back-off ends);
+        infinity when only an event can bring one."""
+        if self.phase is Phase.IDLE and self._resume_at > -math.inf:
+            return self._resume_at
+        return math.inf
+
+    def overdue_at(self) -> float | None:
+        """When the oldest unanswered send becomes overdue, and :meth:`busy` may turn false
+        without any event happening; None while nothing is unanswered."""
+        return self.outbox.overdue_at()
+
+    # -- commands -----------------------------------------------------------------------------
+
+    def poll(self, now: float) -> Command | None:
+        """The next thing to do, or None until an event (or :meth:`next_deadline`)."""
+        if self.phase in (Phase.CLOSED, Phase.SNAPSHOT) or now < self._resume_at:
+            return None
+        if self.outbox.needs_snapshot:
+            self.epoch += 1
+            self.phase = Phase.SNAPSHOT
+            self._taken = False
+            return SendSnapshot(self.epoch)
+        if self.phase is Phase.STREAM:
+            delta = self.outbox.next_delta()
+            if delta is not None:
+                self.outbox.delta_sent(delta, now)
+                self.stats.deltas_sent += 1
+                self._backoff_s = self.cfg.backoff_min_s  # the link works again
+                return SendDelta(self.epoch, delta)
+        return None
+
+    # -- events -------------------------------------------------------------------------------
+
+    def offer(self, delta: Delta) -> None:
+        """A round's delta for this neighbour; a full queue is dropped in favour of a resync."""
+        if self.phase is not Phase.CLOSED:
+            self.outbox.offer(delta)
+
+    def resync(self) -> None:
+        """Owe the neighbour a snapshot (a new log: another codec, a restarted public copy); the
+        stream of this epoch carries nothing more."""
+        if self.phase is Phase.STREAM:
+            self.phase = Phase.IDLE
+        self.outbox.refused()
+
+    def snapshot_taken(self, epoch: int, seq: int, now: float) -> None:
+        """x̂ at ``seq`` was read for ``epoch``'s snapshot, which now leaves."""
+        if epoch == self.epoch and self.phase is Phase.SNAPSHOT:
+            self.outbox.snapshot_taken(seq, now)
+            self._taken = True
+
+    def snapshot_answered(self, epoch: int, now: float) -> None:
+        """The neighbour took ``epoch``'s snapshot: its stream carries the deltas after it,
+        unless the queue overflowed meanwhile (then a fresher snapshot goes at once)."""
+        if epoch != self.epoch or self.phase is not Phase.SNAPSHOT:
+            return
+        self.outbox.snapshot_answered(now)
+        self.stats.snapshots_sent += 1
+        self.phase = Phase.IDLE if self.outbox.needs_snapshot else Phase.STREAM
+
+    def acked(self, epoch: int, now: float) -> None:
+        """The neighbour applied the oldest unanswered delta of ``epoch``."""
+        if epoch == self.epoch and self.phase is Phase.STREAM:
+            self.outbox.acked(now)
+
+    def refused(self, epoch: int, reason: Reason, now: float) -> Refusal | None:
+        """The neighbour refused a message of ``epoch`` (its stream is dead). Returns how the
+        refusal was treated, or None when it belonged to an epoch already given up."""
+        if not self._current(epoch):
+            return None
+        self.phase = Phase.IDLE
+        self.outbox.refused()  # the queue may still serve after the snapshot
+        treat = refusal(reason)
+        if treat.resync:
+            return treat  # the snapshot repairs it, now
+        self.stats.failures += 1
+        if treat.retry is Retry.SOON:
+            self._backoff_s = self.cfg.not_neighbour_retry_s
+        self._back_off(now)
+        return treat
+
+    def failed(self, epoch: int, now: float) -> bool:
+        """``epoch``'s call or stream failed (no answer, a broken connection): whatever the
+        neighbour missed, a snapshot covers, after a back-off; the queue is dropped so that a
+        dead neighbour holds no memory. Returns False when the epoch was already given up."""
+        if not self._current(epoch):
+            return False
+        self.phase = Phase.IDLE
+        self.outbox.lost()
+        self.stats.failures += 1
+        self._back_off(now)
+        return True
+
+    def close(self) -> None:
+        """The neighbour is no longer one: the link sends nothing more and holds nothing."""
+        self.phase = Phase.CLOSED
+        self.outbox.lost()
+
+    @property
+    def closed(self) -> bool:
+        return self.phase is Phase.CLOSED
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _current(self, epoch: int) -> bool:
+        return epoch == self.epoch and self.phase in (Phase.SNAPSHOT, Phase.STREAM)
+
+    def _back_off(self, now: float) -> None:
+        self._resume_at = now + self._backoff_s * self._rng.uniform(0.5, 1.0)
+        self._backoff_s = min(2 * self._backoff_s, self.cfg.backoff_max_s)
