@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gossip.codecs import CODECS
+from gossip.robust import ATTACKS  # test-only attacks (GossipConfig.attack)
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
 from node.mqtt_messages import MqttConfig
@@ -15,8 +16,6 @@ from node.trainer import TrainerConfig
 
 __all__ = ["ATTACKS", "DEFAULT_GAMMA", "GossipConfig", "NodeConfig", "load_config_file"]
 
-#: Test-only attacks a node can mount on its neighbours (``GossipConfig.attack``).
-ATTACKS = ("scale", "flip", "random")
 
 #: Consensus step size by codec: harsher compression needs a smaller γ (Koloskova et al. 2019).
 DEFAULT_GAMMA = {"fp32": 1.0, "fp16": 1.0, "int8": 0.8, "int4": 0.5, "sign": 0.1}

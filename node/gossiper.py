@@ -88,6 +88,8 @@ class Gossiper:
         #: The neighbours whose public copy this node holds, as the worker last published it
         #: (an immutable set, so the event loop may read it without touching the state).
         self.replicated: frozenset[str] = frozenset()
+        #: What the last round made and decided (weights, who is out of the mix); None before.
+        self.last_round: Round | None = None
         self._degree = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gossip")
 
@@ -147,6 +149,7 @@ class Gossiper:
             made = self.mixer.round(self.flat.flat, self.model_lock)
             if made is None:
                 return None
+            self.last_round = made
             _log_decisions(made)
             return Delta(
                 self.node_id, self.state.session, made.seq, step, made.payload, self._degree

@@ -152,7 +152,10 @@ class SimNode:
     def delta_nbytes(self, delta: Delta) -> tuple[int, int]:
         """(serialized size, size with an fp32 payload); the same delta goes to every link."""
         if self._sizes[0] != delta.seq:
-            self._sizes = (delta.seq, (wire.delta_nbytes(delta), wire.delta_fp32_nbytes(delta)))
+            nbytes = wire.delta_nbytes(delta)
+            # wire.delta_fp32_nbytes, without serializing the shell a second time.
+            fp32 = nbytes - delta.payload.nbytes + 4 * delta.payload.numel
+            self._sizes = (delta.seq, (nbytes, fp32))
         return self._sizes[1]
 
     def snapshot_nbytes(self, header: SnapshotHeader) -> int:

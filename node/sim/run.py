@@ -75,6 +75,12 @@ def run_simulation(cfg: SimConfig, out_dir: Path, progress: IO[str] | None = sys
         f"{cfg.nodes} nodes, {g.topology}, {g.codec}, task {cfg.task}, "
         f"H={g.local_steps}, seed {cfg.seed}"
     )
+    if g.robust:
+        title += f", robust (δ {g.byzantine_fraction:g})"
+    if g.outer_lr:
+        title += f", outer lr {g.outer_lr:g}"
+    if cfg.attacker_count:
+        title += f", {cfg.attacker_count} attacking ({g.attack})"
     if progress is not None:
         print(f"murmur simulate: {title}; {cfg.duration_s:g} simulated seconds", file=progress)
     started = time.perf_counter()
@@ -112,6 +118,7 @@ def format_summary(s: Summary, cfg: SimConfig) -> str:
             f"target accuracy {cfg.target_accuracy:g}: averaged model {_when(s.target_avg_s)}, "
             f"worst node {_when(s.target_worst_s)}",
             f"final: averaged {s.final.avg_accuracy:.3f}, worst {s.final.worst_accuracy:.3f}, "
+            f"best {s.final.best_accuracy:.3f}, "
             f"{s.bytes_per_node / 2**20:.2f} MiB sent per node "
             f"({s.bytes_per_node_per_round:.0f} B per round)",
             f"simulator: {s.wall_s:.1f} s wall, {s.events} events, "

@@ -30,6 +30,7 @@ from gossip.swim import SwimMessage
 from node import wire
 from node.flat import FlatParams
 from node.sim.config import SimConfig
+from node.sim.decodes import sharing_decodes
 from node.sim.link import REPLY_BYTES
 from node.sim.node import CPU, SimNode
 from node.tasks.base import Shard, Task, evaluate, load_task
@@ -48,6 +49,7 @@ class Sample:
     relative_distance: float  # the same over ||x̄||²
     avg_accuracy: float  # of the averaged model x̄
     worst_accuracy: float  # of the worst node's own model
+    best_accuracy: float  # of the best node's own model
     mean_accuracy: float  # of the nodes' own models, averaged
     bytes_per_node: float  # gossip (deltas and snapshots) sent, as the daemon counts it
     swim_bytes_per_node: float  # membership messages sent
@@ -100,7 +102,7 @@ class Simulation:
             cfg.net.loss,
             random.Random(cfg.seed + 1),
         )
-        self.codec = get_codec(cfg.gossip.codec, cfg.gossip.block_size)
+        self.codec = sharing_decodes(get_codec(cfg.gossip.codec, cfg.gossip.block_size))
         self.factory = load_task(cfg.task)
         self.nodes: dict[str, SimNode] = {}
         #: Nodes gone, and what they sent (a departed node's model and data are let go).
@@ -319,6 +321,7 @@ class Simulation:
             relative_distance=rel,
             avg_accuracy=avg,
             worst_accuracy=min(accs),
+            best_accuracy=max(accs),
             mean_accuracy=sum(accs) / len(accs),
             bytes_per_node=(sum(n.counters.bytes_sent for n in everyone) + self._gone_bytes)
             / slots,

@@ -123,6 +123,35 @@ def test_a_joiner_pulls_the_model_links_and_is_known_to_everyone() -> None:
     assert sample.worst_accuracy >= cfg.target_accuracy - 0.05
 
 
+def test_a_joiner_trains_only_once_every_edge_is_up_both_ways() -> None:
+    """As the daemon: a node links after its pull and starts training only when each of its
+    neighbours took its public copy and it holds each neighbour's."""
+    sim = Simulation(dataclasses.replace(BASE, duration_s=30.0))
+    sim.events.run_until(2.0)
+    joiner = sim.join(next(iter(sim.nodes.values())))
+    at_start: list[tuple[float, bool, bool, int]] = []
+
+    def watch() -> None:
+        if joiner.training and not at_start:
+            links = joiner.links.values()
+            at_start.append(
+                (
+                    sim.clock.now(),
+                    bool(links) and all(link.healthy for link in links),
+                    set(joiner.state.replicas) == set(joiner.links),
+                    joiner.step,
+                )
+            )
+
+    sim.events.run_until(6.0, after_event=watch)
+    [(started, links_up, replicas_held, steps)] = at_start
+    assert 2.0 < started < 6.0
+    assert links_up
+    assert replicas_held
+    assert steps == 0
+    assert joiner.pulled_from is not None
+
+
 def test_stragglers_step_slower_and_nobody_waits_for_them() -> None:
     cfg = dataclasses.replace(BASE, stragglers=0.5, straggler_slowdown=5.0, duration_s=4.0)
     sim = Simulation(cfg)
@@ -158,3 +187,25 @@ def test_simulate_writes_samples_a_summary_and_a_plot(tmp_path: Path) -> None:
     assert records[0]["gossip"]["topology"] == "ring"
     assert records[-1]["nodes"] == 6
     assert (tmp_path / PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_takes_robust_mixing_the_outer_step_and_attackers(tmp_path: Path) -> None:
+    argv = ["simulate", "--nodes", "8", "--duration", "2", "--eval-every", "2", "--quiet"]
+    argv += ["--robust", "--byzantine-fraction", "0.2", "--outer-lr", "0.7"]
+    argv += ["--attackers", "0.125", "--attack", "flip", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (tmp_path / JSONL_FILE).read_text().splitlines()]
+    config, final = records[0], records[-2]
+    assert config["attackers"] == 0.125
+    assert config["gossip"]["robust"] is True
+    assert config["gossip"]["outer_lr"] == 0.7
+    assert config["gossip"]["attack"] == "flip"
+    assert final["live"] == 7  # the attacker is not sampled
+
+
+@pytest.mark.parametrize("given", [["--attack", "flip"], ["--attackers", "0.1"]])
+def test_simulate_refuses_an_attack_without_attackers_and_the_reverse(
+    given: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "--nodes", "4", *given, "--out", str(tmp_path), "--quiet"]) == 2
+    assert "give both or neither" in capsys.readouterr().err

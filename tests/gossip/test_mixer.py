@@ -1,0 +1,172 @@
+"""A node's rounds (gossip/mixing.py's Mixer): plain, robust, an attacker's, with the outer step.
+
+The daemon's gossip worker and the simulator both make their rounds with it, so what is checked
+here is what both do: a plain round is CHOCO-Gossip's, a robust one resists a neighbour that
+publishes a harmful model, an attacker publishes it, the outer step applies, and only a round
+(never a read of the weights) decides who is out of the mix.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gossip.clock import ManualClock
+from gossip.codecs import get_codec
+from gossip.mixing import MixConfig, Mixer, send_and_mix
+from gossip.outer import OuterNesterov
+from gossip.replicas import GossipState
+
+DIM = 64
+
+
+def state(clock: ManualClock, x: torch.Tensor, codec: str = "int8") -> GossipState:
+    return GossipState(x, get_codec(codec, 32), clock, torch.Generator().manual_seed(3), session=1)
+
+
+def test_a_plain_round_is_send_and_mix_exactly() -> None:
+    clock = ManualClock()
+    x0 = torch.randn(DIM, generator=torch.Generator().manual_seed(0))
+    pulls = {
+        p: torch.randn(DIM, generator=torch.Generator().manual_seed(i)) for i, p in enumerate("abc")
+    }
+    runs = []
+    for use_mixer in (True, False):
+        s, x = state(clock, x0), x0.clone()
+        s.set_peers(frozenset(pulls))
+        for p, v in pulls.items():
+            s.receive_snapshot(p, 1, 0, v, degree=2)
+        if use_mixer:
+            made = Mixer(s, MixConfig(gamma=0.8, silence_limit_s=5.0)).round(x)
+            assert made is not None
+            seq, payload = made.seq, made.payload
+            assert made.weights == {p: 1 / 4 for p in pulls}
+        else:
+            seq, payload = send_and_mix(s, x, 0.8, frozenset(pulls), 5.0)
+        runs.append((seq, payload, x, s.public.clone()))
+    (seq1, pay1, x1, pub1), (seq2, pay2, x2, pub2) = runs
+    assert (seq1, pay1) == (seq2, pay2)
+    assert torch.equal(x1, x2)
+    assert torch.equal(pub1, pub2)
+
+
+def test_only_a_round_decides_who_is_out_of_the_mix_for_silence() -> None:
+    clock = ManualClock()
+    s = state(clock, torch.zeros(DIM))
+    s.set_peers(frozenset({"a", "b"}))
+    s.receive_snapshot("a", 1, 0, torch.ones(DIM))
+    s.receive_snapshot("b", 1, 0, torch.ones(DIM))
+    mixer = Mixer(s, MixConfig(gamma=1.0, silence_limit_s=5.0))
+    x = torch.zeros(DIM)
+    clock.advance(6.0)
+    s.receive_snapshot("a", 1, 1, torch.ones(DIM))  # a speaks; b stays silent
+    for _ in range(3):
+        assert mixer.weights() == {"a": 1 / 3}  # a read sees b is out...
+    assert mixer.silenced == frozenset()  # ...and changes nothing
+    made = mixer.round(x)
+    assert made is not None
+    assert made.went_silent == {"b": 6.0}
+    assert mixer.silenced == {"b"}
+    s.receive_snapshot("b", 1, 1, torch.ones(DIM))
+    assert mixer.silenced == {"b"}  # until the next round finds it speaking
+    made = mixer.round(x)
+    assert made is not None
+    assert made.spoke_again == {"b"}
+    assert mixer.silenced == frozenset()
+
+
+@pytest.mark.parametrize("attack", ["scale", "flip", "random"])
+def test_an_attacker_publishes_its_target_and_does_not_mix(attack: str) -> None:
+    clock = ManualClock()
+    x = torch.full((DIM,), 2.0)
+    s = state(clock, torch.zeros(DIM), codec="fp32")
+    s.set_peers(frozenset({"a"}))
+    s.receive_snapshot("a", 1, 0, torch.full((DIM,), 100.0))
+    made = Mixer(s, MixConfig(attack=attack)).round(x)
+    assert made is not None
+    assert made.weights == {}
+    assert torch.equal(x, torch.full((DIM,), 2.0))  # it did not mix
+    want = {"scale": 20.0, "flip": -2.0}
+    if attack in want:
+        assert torch.equal(s.public, torch.full((DIM,), want[attack]))  # fp32: exactly
+    else:
+        assert 0.5 < float((s.public - x).std()) < 1.5  # unit Gaussian noise around x
+
+
+def run_swarm(robust: bool, rounds: int = 40) -> tuple[dict[str, Mixer], dict[str, torch.Tensor]]:
+    """Five nodes, all neighbours of all, each stepping a little before each round (so their
+    deltas keep coming); z publishes ten times its model."""
+    clock = ManualClock()
+    ids = ["a", "b", "c", "d", "z"]
+    gen = torch.Generator().manual_seed(0)
+    xs = {i: torch.randn(DIM, generator=gen) + 1 for i in ids}
+    states = {i: state(clock, xs[i]) for i in ids}
+    mixers = {
+        i: Mixer(states[i], MixConfig(0.8, 30.0, robust, attack="scale" if i == "z" else None))
+        for i in ids
+    }
+    for i in ids:
+        mixers[i].set_neighbours(frozenset(ids) - {i})
+        for j in ids:
+            if j != i:
+                seq, values = states[j].snapshot()
+                states[i].receive_snapshot(j, 1, seq, values, degree=4)
+    for _ in range(rounds):
+        for i in ids:
+            xs[i] += 0.05 * torch.randn(DIM, generator=gen)
+        made = {i: mixers[i].round(xs[i]) for i in ids}
+        for i, r in made.items():
+            assert r is not None
+            for j in ids:
+                if j != i:
+                    states[j].receive_delta(i, 1, r.seq, r.payload, degree=4)
+        clock.advance(0.1)
+    return mixers, xs
+
+
+def test_robust_rounds_evict_and_clip_the_attacker_and_plain_ones_follow_it() -> None:
+    robust, rx = run_swarm(robust=True)
+    plain, px = run_swarm(robust=False)
+    honest = ["a", "b", "c", "d"]
+    assert all(robust[i].evicted == {"z"} for i in honest)
+    assert all("z" not in robust[i].weights() for i in honest)
+    assert all(plain[i].evicted == frozenset() for i in honest)
+    start = 1.0  # the honest models start around 1
+    assert max(float(rx[i].mean()) for i in honest) < 2 * start
+    assert min(float(px[i].mean()) for i in honest) > 3 * start  # dragged toward z's 10x
+
+
+def test_the_outer_step_runs_after_the_mix_and_is_the_identity_at_lr_one() -> None:
+    def after_rounds(outer: OuterNesterov | None) -> torch.Tensor:
+        clock = ManualClock()
+        s = state(clock, torch.zeros(DIM), codec="fp32")
+        s.set_peers(frozenset({"a"}))
+        s.receive_snapshot("a", 1, 0, torch.ones(DIM))
+        mixer = Mixer(s, MixConfig(gamma=0.5, silence_limit_s=5.0), outer)
+        x = torch.zeros(DIM)
+        for k in range(3):
+            x += 0.1 * (k + 1)  # some local steps
+            mixer.round(x)
+        return x
+
+    plain = after_rounds(None)
+    assert torch.equal(after_rounds(OuterNesterov(1.0, 0.0)), plain)
+    assert not torch.allclose(after_rounds(OuterNesterov(0.7, 0.9)), plain)
+
+
+def test_dropping_a_neighbour_drops_its_replica_and_its_decisions() -> None:
+    mixers, _ = run_swarm(robust=True, rounds=20)
+    a = mixers["a"]
+    assert a.evicted == {"z"}
+    assert a.set_neighbours(frozenset({"b", "c"})) == {"d", "z"}
+    assert a.evicted == frozenset()
+    assert set(a.state.replicas) == {"b", "c"}
+    assert a.scores is not None
+    assert "z" not in a.scores.anomaly.scores
+
+
+def test_config_refuses_what_cannot_mix() -> None:
+    with pytest.raises(ValueError, match="unknown attack"):
+        MixConfig(attack="bribe")
+    with pytest.raises(ValueError, match="gamma"):
+        MixConfig(gamma=0.0)
