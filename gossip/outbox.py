@@ -9,7 +9,8 @@ The neighbour's replica of this node's public copy x̂ is a replicated log (goss
   ``queue`` deltas however slow the neighbour is;
 * a snapshot is also owed to a new neighbour, after a failed send (the neighbour may have missed
   a delta), and when the neighbour reports a gap or a stale message;
-* a delta that a snapshot already covers (its seq is not after the snapshot's) is never sent;
+* a delta that a snapshot already covers (its seq is not after the snapshot's) is never sent,
+  and is dropped from the queue as soon as the snapshot is taken;
 * a link is *busy* (a new round would only wait in line) while ``window`` deltas are unanswered
   or queued, but not once an answer is *overdue*: later than ``overdue_factor`` times the link's
   usual answer time (and at least ``overdue_min_s``). A neighbour that vanished without a word
@@ -123,6 +124,10 @@ class Outbox:
         failed send calls :meth:`lost`; its answer calls :meth:`snapshot_answered`."""
         self.synced_seq = seq
         self.needs_snapshot = False
+        # Queued deltas it covers go now, not when the stream would skip them: until then they
+        # would keep the link busy, and nothing would tell the node when they went.
+        while self._pending and self._pending[0].seq <= seq:
+            self._pending.popleft()
         self.in_flight = 0
         self._sent_at.clear()
         self._waiting_since = now

@@ -167,6 +167,24 @@ def test_busy_while_its_snapshot_travels_with_window_queued_behind_it() -> None:
     assert link.busy(0.0)
 
 
+def test_deltas_a_snapshot_covers_stop_keeping_the_link_busy_once_it_is_taken() -> None:
+    """A refusal keeps the queue; the snapshot that repairs it covers what was queued then. From
+    the moment it is read those deltas count for nothing: the driver tells the node that the
+    link changed right then, and no later send would (the stream skips them silently)."""
+    link = streaming()
+    command = send(link, 1, 0.0)
+    for seq in (2, 3, 4):
+        link.offer(delta(seq))
+    link.refused(command.epoch, Reason.GAP, 0.0)
+    assert isinstance(link.poll(0.0), SendSnapshot)
+    link.snapshot_taken(link.epoch, 4, 0.0)  # x̂ at seq 4: covers 2, 3 and 4
+    assert len(link.outbox) == 0
+    assert not link.busy(0.0)
+    link.offer(delta(5))
+    link.snapshot_answered(link.epoch, 0.0)
+    assert send(link, 5, 0.0).delta.seq == 5
+
+
 def test_a_resync_owes_a_snapshot_and_a_closed_link_sends_nothing() -> None:
     link = streaming()
     send(link, 1, 0.0)
