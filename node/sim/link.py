@@ -18,9 +18,10 @@ usual answer time), then no longer holds up the node's rounds, as in the daemon.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import TYPE_CHECKING
 
-from gossip.link import Link, LinkConfig, LinkStats, SendDelta, SendSnapshot
+from gossip.link import Link, LinkConfig, LinkStats, SendDelta
 from gossip.messages import Member, SnapshotHeader
 from gossip.outbox import Outbox
 from node.links import transfer_timeout_s
@@ -47,15 +48,16 @@ class SimLink:
         self.peer = peer
         self.cfg = cfg
         self.machine = Link(cfg, owner.sim.rng)
+        self.stats: LinkStats = self.machine.stats
         self._wake_at = math.inf  # when a pump is already scheduled
+        # Looked up once: a link carries thousands of deltas.
+        self._sim = owner.sim
+        self._events = owner.sim.events
+        self._network = owner.sim.network
 
     @property
     def outbox(self) -> Outbox:
         return self.machine.outbox
-
-    @property
-    def stats(self) -> LinkStats:
-        return self.machine.stats
 
     @property
     def healthy(self) -> bool:
@@ -63,7 +65,7 @@ class SimLink:
 
     @property
     def busy(self) -> bool:
-        return self.machine.busy(self.owner.sim.events.now())
+        return self.machine.busy(self._events.now())
 
     def close(self) -> None:
         self.machine.close()
@@ -74,18 +76,17 @@ class SimLink:
 
     def pump(self) -> None:
         """Carry out what the machine says, and come back when its back-off ends."""
-        events = self.owner.sim.events
-        now = events.now()
+        now = self._events.now()
         machine = self.machine
         while (command := machine.poll(now)) is not None:
-            if isinstance(command, SendSnapshot):
-                self._send_snapshot(command.epoch)
-            else:
+            if isinstance(command, SendDelta):
                 self._send_delta(command)
+            else:
+                self._send_snapshot(command.epoch)
         deadline = machine.next_deadline()
         if deadline < self._wake_at:
             self._wake_at = deadline
-            events.at(deadline, self._woken)
+            self._events.at(deadline, self._woken)
 
     def _woken(self) -> None:
         self._wake_at = math.inf
@@ -137,43 +138,38 @@ class SimLink:
         self.owner.check_ready()
 
     def _send_delta(self, command: SendDelta) -> None:
-        owner, sim = self.owner, self.owner.sim
+        owner, sim, network = self.owner, self._sim, self._network
         delta, epoch = command.delta, command.epoch
         nbytes, fp32_nbytes = owner.delta_nbytes(delta)
         self.stats.bytes_sent += nbytes
-        owner.counters.bytes_sent += nbytes
-        owner.counters.bytes_sent_fp32 += fp32_nbytes
+        counters = owner.counters
+        counters.bytes_sent += nbytes
+        counters.bytes_sent_fp32 += fp32_nbytes
+        src, dst = owner.address, self.peer.address
         stream = (owner.node_id, epoch)
 
         def arrive() -> None:
-            target = sim.live_node(self.peer.address)
+            target = sim.live_node(dst)
             if target is None:
                 return  # vanished: no answer ever comes
             try:
                 result: int | Rejected = target.rpc_push_delta(delta, stream, nbytes)
             except Rejected as err:
                 result = err
-            sim.network.send(
-                target.address,
-                owner.address,
-                REPLY_BYTES,
-                lambda: self._delta_answered(epoch, result),
-                lossy=False,
-            )
+            network.send(dst, src, REPLY_BYTES, partial(self._delta_answered, epoch, result), False)
 
-        if not sim.network.send(owner.address, self.peer.address, nbytes, arrive):
+        if not network.send(src, dst, nbytes, arrive):
             # Lost: on a stream that is a broken connection, which the sender notices about a
             # round trip later (a reset), as the in-memory transport's dropped send and gRPC's
             # broken stream both surface as Unreachable. Deltas sent meanwhile arrive after a
             # gap and are refused, unread; the resync's snapshot covers them all.
-            rtt = 2 * sim.network.latency(owner.address, self.peer.address)
-            sim.events.after(rtt, lambda: self._failed(epoch))
+            self._events.after(2 * network.latency(src, dst), partial(self._failed, epoch))
 
     def _delta_answered(self, epoch: int, result: int | Rejected) -> None:
         if isinstance(result, Rejected):
             self._refused(epoch, result)
         else:
-            self.machine.acked(epoch, self.owner.sim.events.now())
+            self.machine.acked(epoch, self._events.now())
 
     def _refused(self, epoch: int, err: Rejected) -> None:
         if self.machine.refused(epoch, err.reason, self.owner.sim.events.now()) is not None:

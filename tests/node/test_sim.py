@@ -9,12 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from gossip.codecs import Encoded
+from gossip.messages import Delta
+from gossip.refusals import Reason
 from gossip.swim import Status
 from node.cli import main
 from node.config import GossipConfig
 from node.sim import NetConfig, SimConfig, Simulation
 from node.sim.node import SimNode
 from node.sim.run import JSONL_FILE, PLOT_FILE
+from node.transport.base import Rejected
 
 BASE = SimConfig(
     nodes=8,
@@ -209,3 +213,34 @@ def test_simulate_refuses_an_attack_without_attackers_and_the_reverse(
 ) -> None:
     assert main(["simulate", "--nodes", "4", *given, "--out", str(tmp_path), "--quiet"]) == 2
     assert "give both or neither" in capsys.readouterr().err
+
+
+def test_a_simulated_node_refuses_bad_input_as_the_daemon_does() -> None:
+    """Its inbound path is the daemon's (node/inbound.py): a delta that does not decode is
+    refused with the daemon's reason, counted, changes nothing, and a sender that keeps at it is
+    banned, as node/penalties.py bans it in the daemon."""
+    sim = Simulation(dataclasses.replace(BASE, duration_s=2.0))
+    sim.events.run_until(1.0)
+    a, b = list(sim.nodes.values())[:2]
+    assert b.node_id in a.links
+    replica = a.state.replicas[b.node_id]
+    before = (replica.seq, replica.value.clone())
+    good = Delta(b.node_id, b.state.session, replica.seq + 1, 0, replica_payload(b), 5)
+    codes = b"\x80" * len(good.payload.data)  # -128: outside int8's levels
+    bad = dataclasses.replace(good, payload=dataclasses.replace(good.payload, data=codes))
+    reasons = []
+    for k in range(10):
+        try:
+            a.rpc_push_delta(bad, (b.node_id, -k), 600)  # a fresh stream each time
+        except Rejected as err:
+            reasons.append(err.reason)
+    assert reasons[:8] == [Reason.BAD_PAYLOAD] * 8
+    assert reasons[8:] == [Reason.BANNED] * 2  # the penalties' threshold is 8
+    assert a.counters.rejected[Reason.BAD_PAYLOAD] == 8
+    assert replica.seq == before[0]
+    assert torch.equal(replica.value, before[1])
+
+
+def replica_payload(node: SimNode) -> Encoded:
+    """A well-formed payload of ``node``'s codec (zeros)."""
+    return node.state.codec.encode(torch.zeros(node.state.numel))
