@@ -463,6 +463,8 @@ async def _serve(cfg: NodeConfig) -> int:
 
     async def announce_trained() -> None:
         await node.training_finished.wait()
+        if node.trainer.error is not None:  # it failed (diverged, say): nothing was trained
+            return
         ev = node.trainer.last_eval
         print(
             json.dumps(
