@@ -16,6 +16,7 @@ previous checkpoint, or to none: files never trap a node.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import logging
@@ -37,6 +38,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "atomic_write",
+    "check_fits",
     "load_checkpoint",
     "quarantine",
     "remove_stale_temp_files",
@@ -297,3 +299,52 @@ def restore_latest(
     if damaged:
         log.warning("no usable checkpoint in %s: starting afresh", state_dir)
     return None, None
+
+
+def check_fits(
+    ckpt: Checkpoint,
+    model: torch.nn.Module,
+    make_optimizer: Callable[[], torch.optim.Optimizer],
+    path: Path,
+) -> None:
+    """Raise :class:`CheckpointError` unless ``ckpt`` fits ``model`` and the optimizer that
+    ``make_optimizer`` builds for it exactly (a checkpoint that says it is of this task but is
+    not is damaged), and its member list is well formed."""
+    expected = model.state_dict()
+    if ckpt.model.keys() != expected.keys():
+        missing = sorted(expected.keys() - ckpt.model.keys())
+        extra = sorted(ckpt.model.keys() - expected.keys())
+        raise CheckpointError(
+            path, f"its tensors are not the model's (missing {missing}, extra {extra})"
+        )
+    for name, want in expected.items():
+        got = ckpt.model[name]
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise CheckpointError(
+                path,
+                f"{name} is {got.dtype} {list(got.shape)}, the model's is "
+                f"{want.dtype} {list(want.shape)}",
+            )
+    numel = sum(p.numel() for p in model.parameters())
+    if ckpt.public.shape != (numel,) or ckpt.public.dtype != torch.float32:
+        raise CheckpointError(path, f"its public copy is not {numel} float32 values")
+    members = ckpt.meta.get("members", [])
+    if not isinstance(members, list) or not all(
+        isinstance(m, dict)
+        and isinstance(m.get("node_id"), str)
+        and isinstance(m.get("address"), str)
+        for m in members
+    ):
+        raise CheckpointError(path, "its member list is malformed")
+    if ckpt.optimizer is None:
+        return
+    optimizer = make_optimizer()
+    try:
+        optimizer.load_state_dict(copy.deepcopy(dict(ckpt.optimizer)))
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
+        raise CheckpointError(path, f"its optimizer state does not fit ({_short(err)})") from err
+    # load_state_dict checks the groups, not the shapes of what it holds per parameter.
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                raise CheckpointError(path, f"its optimizer's {key} does not fit the parameters")

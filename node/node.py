@@ -52,8 +52,8 @@ from node.checkpoint import (
     CHECKPOINT_FILE,
     PREVIOUS_FILE,
     Checkpoint,
-    CheckpointError,
     atomic_write,
+    check_fits,
     remove_stale_temp_files,
     restore_latest,
     save_checkpoint,
@@ -877,48 +877,6 @@ def _check_resumable(
         )
 
 
-def _check_fits(ckpt: Checkpoint, task: Task, path: Path) -> None:
-    """Raise :class:`CheckpointError` unless ``ckpt`` fits ``task``'s model and optimizer
-    exactly: a checkpoint that says it is of this task but is not is damaged."""
-    expected = task.model.state_dict()
-    if ckpt.model.keys() != expected.keys():
-        missing = sorted(expected.keys() - ckpt.model.keys())
-        extra = sorted(ckpt.model.keys() - expected.keys())
-        raise CheckpointError(
-            path, f"its tensors are not the model's (missing {missing}, extra {extra})"
-        )
-    for name, want in expected.items():
-        got = ckpt.model[name]
-        if got.shape != want.shape or got.dtype != want.dtype:
-            raise CheckpointError(
-                path,
-                f"{name} is {got.dtype} {list(got.shape)}, the model's is "
-                f"{want.dtype} {list(want.shape)}",
-            )
-    numel = sum(p.numel() for p in task.model.parameters())
-    if ckpt.public.shape != (numel,) or ckpt.public.dtype != torch.float32:
-        raise CheckpointError(path, f"its public copy is not {numel} float32 values")
-    members = ckpt.meta.get("members", [])
-    if not isinstance(members, list) or not all(
-        isinstance(m, dict)
-        and isinstance(m.get("node_id"), str)
-        and isinstance(m.get("address"), str)
-        for m in members
-    ):
-        raise CheckpointError(path, "its member list is malformed")
-    if ckpt.optimizer is None:
-        return
-    optimizer = task.make_optimizer()
-    try:
-        optimizer.load_state_dict(copy.deepcopy(dict(ckpt.optimizer)))
-    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as err:
-        raise CheckpointError(path, f"its optimizer state does not fit: {err}") from err
-    for param, state in optimizer.state.items():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
-                raise CheckpointError(path, f"its optimizer's {key} does not fit the parameters")
-
-
 def _restore(cfg: NodeConfig, task: Task) -> tuple[Checkpoint | None, Path | None]:
     """The newest usable checkpoint in the state dir, after removing stale temporary files."""
     if not cfg.state_dir.is_dir():
@@ -933,6 +891,6 @@ def _restore(cfg: NodeConfig, task: Task) -> tuple[Checkpoint | None, Path | Non
 
     def check(ckpt: Checkpoint, path: Path) -> None:
         _check_resumable(ckpt, fingerprint, cfg, path)
-        _check_fits(ckpt, task, path)
+        check_fits(ckpt, task.model, task.make_optimizer, path)
 
     return restore_latest(cfg.state_dir, check)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +20,7 @@ from node.checkpoint import (
     Checkpoint,
     CheckpointError,
     atomic_write,
+    check_fits,
     load_checkpoint,
     quarantine,
     remove_stale_temp_files,
@@ -213,3 +215,28 @@ def test_only_the_temp_files_of_the_given_names_are_removed(tmp_path: Path) -> N
         p.write_bytes(b"x")
     assert remove_stale_temp_files(tmp_path, ["checkpoint.safetensors"]) == [mine]
     assert theirs.exists()
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_says_what_does_not(tmp_path: Path) -> None:
+    model = torch.nn.Linear(3, 2)
+    ckpt = small_checkpoint()
+    assert ckpt.optimizer is not None
+
+    def optimizer() -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    path = tmp_path / "c"
+    check_fits(ckpt, model, optimizer, path)
+    state = {i: dict(s) for i, s in ckpt.optimizer["state"].items()}
+    state[0]["momentum_buffer"] = torch.zeros(7)
+    bad_buffer = dataclasses.replace(ckpt, optimizer={**ckpt.optimizer, "state": state})
+    cases = [
+        (dataclasses.replace(ckpt, model={"weight": ckpt.model["weight"]}), "missing ['bias']"),
+        (dataclasses.replace(ckpt, public=torch.zeros(3)), "public copy is not 8 float32"),
+        (dataclasses.replace(ckpt, meta={"members": [{"node_id": 1}]}), "member list"),
+        (bad_buffer, "optimizer's momentum_buffer does not fit"),
+        (dataclasses.replace(ckpt, optimizer={"state": {}}), "optimizer state does not fit"),
+    ]
+    for bad, cause in cases:
+        with pytest.raises(CheckpointError, match=re.escape(cause)):
+            check_fits(bad, model, optimizer, path)
