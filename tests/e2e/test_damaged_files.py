@@ -9,85 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import re
 import shutil
-import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from node.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, load_checkpoint
+from tests.e2e.processes import Processes, murmur, processes
 from tests.node.damage import DAMAGES
 from tests.node.test_damaged_files import train_alone
 
 pytestmark = pytest.mark.e2e
 
-TIMEOUT_S = 120.0
-ARGS = ["--listen", "127.0.0.1:0", "--device", "cpu", "--threads", "1", "--insecure"]
-
-
-class Proc:
-    """A node process whose stdout events and stderr lines are read as they come."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-
-    async def event(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = await asyncio.wait_for(self.proc.stdout.readline(), TIMEOUT_S)
-        assert line, "the node exited:\n" + "\n".join(self.lines) + await self.rest()
-        event: dict[str, Any] = json.loads(line)
-        return event
-
-    async def line_with(self, text: str) -> str:
-        """The next stderr line holding ``text`` (earlier ones are kept in ``lines``)."""
-        assert self.proc.stderr is not None
-        async with asyncio.timeout(TIMEOUT_S):
-            while True:
-                raw = await self.proc.stderr.readline()
-                assert raw, f"the node exited before saying {text!r}:\n" + "\n".join(self.lines)
-                self.lines.append(raw.decode().rstrip("\n"))
-                if text in self.lines[-1]:
-                    return self.lines[-1]
-
-    async def rest(self) -> str:
-        assert self.proc.stderr is not None
-        return (await self.proc.stderr.read()).decode(errors="replace")
-
-    async def stop(self) -> tuple[int, str]:
-        """SIGTERM; the exit code and the whole of stderr."""
-        self.proc.send_signal(signal.SIGTERM)
-        rest = await asyncio.wait_for(self.rest(), TIMEOUT_S)
-        code = await asyncio.wait_for(self.proc.wait(), TIMEOUT_S)
-        return code, "\n".join([*self.lines, rest])
-
 
 @pytest.fixture
-async def start() -> AsyncIterator[Callable[..., Any]]:
-    started: list[Proc] = []
-
-    async def run(*argv: str) -> Proc:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-        started.append(Proc(proc))
-        return started[-1]
-
-    yield run
-    for p in started:
-        if p.proc.returncode is None:
-            p.proc.kill()
-            await p.proc.wait()
-
-
-def murmur(*args: str) -> list[str]:
-    return [sys.executable, "-m", "node", "run", *ARGS, *args]
+async def start() -> AsyncIterator[Processes]:
+    async with processes() as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +46,7 @@ def trained_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("damage", DAMAGES.values(), ids=DAMAGES.keys())
 async def test_a_node_process_falls_back_to_the_previous_checkpoint(
-    trained_dir: Path, tmp_path: Path, damage: Callable[[Path], None], start: Any
+    trained_dir: Path, tmp_path: Path, damage: Callable[[Path], None], start: Processes
 ) -> None:
     state_dir = tmp_path / "state"
     shutil.copytree(trained_dir, state_dir)
@@ -127,7 +68,7 @@ async def test_a_node_process_falls_back_to_the_previous_checkpoint(
 
 
 async def test_without_a_good_checkpoint_a_node_process_starts_afresh_from_the_swarm(
-    trained_dir: Path, tmp_path: Path, start: Any
+    trained_dir: Path, tmp_path: Path, start: Processes
 ) -> None:
     seed = await start(*murmur("--state-dir", str(tmp_path / "seed"), "--steps", "30"))
     address = (await seed.event())["address"]
@@ -176,7 +117,7 @@ def fill(folder: Path) -> Path:
 
 @pytest.mark.skipif(not _can_mount_in_a_namespace(), reason="needs unshare --mount (user ns)")
 async def test_a_full_disk_keeps_the_old_checkpoint_and_training_goes_on(
-    tmp_path: Path, start: Any
+    tmp_path: Path, start: Processes
 ) -> None:
     mount = tmp_path / "state"
     mount.mkdir()
