@@ -160,7 +160,7 @@ def _checksum(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, str]) -> s
     for name in sorted(tensors):
         t = tensors[name]
         h.update(json.dumps([name, str(t.dtype), list(t.shape)]).encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
     for key in sorted(k for k in meta if k != CHECKSUM_KEY):
         h.update(json.dumps([key, meta[key]]).encode())
     return h.hexdigest()
