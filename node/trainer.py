@@ -31,6 +31,9 @@ class TrainerConfig:
     slowdown: make each step this many times as long as it naturally takes (its compute time,
         or ``step_time`` when that is longer), by waiting after it (>= 1; emulates a slow device
         in tests, benchmarks and the testbed).
+    idle_eval_interval_s: once the step budget is spent, evaluate at most this often (and at
+        most a tenth of the time, for a model whose evaluation is slow), so that the accuracy a
+        node reports follows its model as gossip keeps mixing it.
     """
 
     steps: int | None = None
@@ -38,8 +41,15 @@ class TrainerConfig:
     seed: int = 0
     step_time: float = 0.0
     slowdown: float = 1.0
+    # A status goes out every 2 s (MQTT) and a summary line every 10 s: a fresh figure for
+    # every few of them is enough, and one evaluation of digits is a few ms, <1% of a core.
+    idle_eval_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
+        if not self.idle_eval_interval_s > 0:
+            raise ValueError(
+                f"idle_eval_interval_s must be positive, got {self.idle_eval_interval_s}"
+            )
         if self.slowdown < 1:
             raise ValueError(f"slowdown must be at least 1, got {self.slowdown}")
         if self.step_time < 0:
@@ -50,11 +60,29 @@ class TrainerConfig:
         return max(compute_s, self.step_time) * self.slowdown - compute_s
 
 
+#: After the budget, an evaluation takes at most this share of the time (its wait grows to
+#: ``(1 - share) / share`` times its own duration), whatever ``idle_eval_interval_s`` says.
+IDLE_EVAL_SHARE = 0.1
+
+
 @dataclass(frozen=True)
 class EvalResult:
+    """One evaluation on the task's eval data.
+
+    Args:
+        step: the step of the model it saw.
+        loss: mean loss on the eval data.
+        accuracy: top-1 accuracy on the eval data.
+        time: ``time.monotonic()`` when it ended.
+        after_budget: made after the step budget was spent (the model then moves by gossip
+            alone).
+    """
+
     step: int
     loss: float
     accuracy: float
+    time: float = 0.0
+    after_budget: bool = False
 
 
 def batches(task: Task, device: torch.device, seed: int) -> Iterator[tuple[torch.Tensor, ...]]:
@@ -104,8 +132,11 @@ class Trainer:
         after_step: called from the training thread after every step, with the step number and
             without the lock; it may block briefly (the node waits there for its last gossip
             round, local work only, so that gossip keeps pace with training).
-        on_eval: called from the training thread after every evaluation.
-        on_done: called from the training thread when it ends (budget spent, stopped or failed).
+        on_eval: called from the training thread after every evaluation: every ``eval_every``
+            steps, at the end of the budget, and then every ``idle_eval_interval_s`` until
+            stopped.
+        on_done: called from the training thread when training ends (budget spent, stopped or
+            failed); evaluations may follow it.
     """
 
     def __init__(
@@ -155,7 +186,8 @@ class Trainer:
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        """Training: started, and neither done nor stopped (evaluations may go on after)."""
+        return self._thread.is_alive() and not self.done.is_set()
 
     @property
     def samples_per_s(self) -> float:
@@ -166,12 +198,34 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------------------
 
-    def evaluate(self) -> EvalResult:
-        with self.model_lock:
+    def evaluate(self, after_budget: bool = False) -> EvalResult:
+        """Evaluate the model as it is now. A read: under the model lock (so no mixing lands
+        half way), without autograd, in eval mode, which leaves parameters, buffers and the
+        optimizer as they were."""
+        with self.model_lock, torch.no_grad():
             loss, acc = evaluate(self.task.model, self.task.eval, self.task.loss, self.device)
-        result = EvalResult(self.step, loss, acc)
+            step = self.step
+        result = EvalResult(step, loss, acc, time.monotonic(), after_budget)
         self.last_eval = result
         return result
+
+    def _evaluate_after_budget(self) -> None:
+        """Once the budget is spent gossip still mixes the model toward the neighbours', so
+        keep evaluating it, at a low rate, until stopped: the accuracy the node reports is its
+        model's, not the one it had when it stopped stepping."""
+        wait = self.cfg.idle_eval_interval_s
+        while not self._stop.wait(wait):
+            began = time.perf_counter()
+            try:
+                result = self.evaluate(after_budget=True)
+            except Exception:  # training is over: a failed evaluation only ends evaluating
+                log.exception("evaluation after the step budget failed; no more evaluations")
+                return
+            self._on_eval(result)
+            spent = time.perf_counter() - began
+            wait = max(
+                self.cfg.idle_eval_interval_s, spent * (1 - IDLE_EVAL_SHARE) / IDLE_EVAL_SHARE
+            )
 
     def _train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         with self.model_lock:
@@ -181,6 +235,7 @@ class Trainer:
         return loss
 
     def _run(self) -> None:
+        finished = False
         try:
             self.task.model.train()
             stream = batches(self.task, self.device, self.cfg.seed)
@@ -214,3 +269,5 @@ class Trainer:
             self._ended_at = time.perf_counter()
             self.done.set()
             self._on_done()
+        if finished and self.error is None:
+            self._evaluate_after_budget()
