@@ -306,5 +306,5 @@ class Peers:
                     "node %s neighbours (%s): %s",
                     me[:8],
                     self.cfg.topology,
-                    " ".join(sorted(j[:8] for j in mine)),
+                    " ".join(sorted(j[:8] for j in mine)) or "none",
                 )

@@ -161,6 +161,9 @@ async def test_every_surface_labels_the_same_figures_the_same_way(
     assert f"step 30 eval_loss {ev.loss:.4f} eval_accuracy {ev.accuracy:.4f}" in "\n".join(
         lines.messages
     )
+    # The final checkpoint says how big it was and how long it took.
+    me = node.node_id[:8]
+    assert [m for m in lines.messages if m.startswith(f"node {me} writing the final checkpoint: ")]
     # And so does the report, from the metrics log.
     rows = table(write_report([node.cfg.state_dir], tmp_path / "out").read_text())
     row = rows[node.cfg.state_dir.name]
