@@ -95,16 +95,32 @@ async def test_a_finished_node_goes_on_evaluating_so_its_accuracy_follows_its_mo
         b = second
 
         def caught_up() -> bool:
-            ev = first.trainer.last_eval
-            return b.training_finished.is_set() and ev is not None and ev.accuracy >= 0.9
+            """Both done, and the first reports what the second does (gossip brings their
+            models together), far above what it had alone."""
+            mine, theirs = first.trainer.last_eval, b.trainer.last_eval
+            return (
+                b.training_finished.is_set()
+                and mine is not None
+                and theirs is not None
+                and theirs.after_budget
+                and abs(mine.accuracy - theirs.accuracy) <= 0.02
+                and mine.accuracy >= alone + 0.2
+            )
 
-        await first.wait_until(caught_up, TIMEOUT_S)
+        try:
+            await first.wait_until(caught_up, TIMEOUT_S)
+        except TimeoutError:
+            raise AssertionError(
+                f"the first node reports {first.trainer.last_eval}; the second "
+                f"{'has' if b.training_finished.is_set() else 'has not'} finished, at "
+                f"{b.trainer.last_eval}"
+            ) from None
         status = await first.status()
         ev = first.trainer.last_eval
         assert ev is not None
         assert ev.after_budget
         assert (status.step, status.eval_step) == (20, 20)  # it stepped no more
-        assert status.eval_accuracy == ev.accuracy >= 0.9 > alone
+        assert status.eval_accuracy == ev.accuracy >= alone + 0.2
         assert 0 <= status.eval_age_s < 10
     finally:
         for node in (first, second):
@@ -113,10 +129,10 @@ async def test_a_finished_node_goes_on_evaluating_so_its_accuracy_follows_its_mo
     records = list(map(json.loads, (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()))
     evals = [r for r in records if r["event"] == "eval"]
     assert [r["after_budget"] for r in evals[:1]] == [False]
-    assert any(r["after_budget"] and r["accuracy"] >= 0.9 for r in evals)
+    assert any(r["after_budget"] and r["accuracy"] >= alone + 0.2 for r in evals)
     # The report's last eval accuracy is the model's now, not the one it had when alone.
     rows = table(write_report([tmp_path / "a"], tmp_path / "out").read_text())
-    assert float(rows["a"]["last eval accuracy"]) >= 0.9
+    assert float(rows["a"]["last eval accuracy"]) >= alone + 0.2
 
 
 async def test_every_surface_labels_the_same_figures_the_same_way(
