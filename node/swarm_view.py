@@ -66,9 +66,10 @@ def progress_view(
                 f"{100 * s.compression_ratio:.1f}%",
             ]
         )
+    # The time first: a narrow terminal cuts the end of the line.
     title = (
-        f"murmur swarm: {cfg.nodes} nodes, {g.topology}, {g.codec}, {cfg.steps} steps each "
-        f"[{fmt_duration(elapsed)}]"
+        f"murmur swarm [{fmt_duration(elapsed)}]: {cfg.nodes} nodes, {g.topology}, {g.codec}, "
+        f"{cfg.steps} steps each"
     )
     return FittedTable(title, SWARM_COLUMNS, rows)
 

@@ -99,6 +99,12 @@ def test_a_trainer_stopped_before_its_budget_does_not_go_on_evaluating() -> None
     assert results == []  # the node was stopped, not finished: no evaluation at all
 
 
+def test_a_slow_evaluation_waits_nine_times_its_length() -> None:
+    cfg = TrainerConfig(idle_eval_interval_s=5.0)
+    assert cfg.idle_eval_wait(0.01) == 5.0  # digits: a few ms, the interval rules
+    assert cfg.idle_eval_wait(2.0) == pytest.approx(18.0)  # a big model: 10% of the time
+
+
 def test_the_idle_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="idle_eval_interval_s must be positive"):
         TrainerConfig(idle_eval_interval_s=0)
