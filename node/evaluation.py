@@ -175,7 +175,11 @@ def train_reference(
     task = _build_task(task_spec, seed, Shard())
     task.model.to(device)
     trainer = Trainer(
-        task, device, threading.Lock(), TrainerConfig(steps=steps, eval_every=steps, seed=seed)
+        task,
+        device,
+        threading.Lock(),
+        # Alone, nothing moves its model after the budget: no evaluations after it.
+        TrainerConfig(steps=steps, eval_every=steps, seed=seed, idle_eval_interval_s=None),
     )
     trainer.start()
     trainer.join()

@@ -33,7 +33,9 @@ class TrainerConfig:
         in tests, benchmarks and the testbed).
     idle_eval_interval_s: once the step budget is spent, evaluate at most this often (and at
         most a tenth of the time, for a model whose evaluation is slow), so that the accuracy a
-        node reports follows its model as gossip keeps mixing it.
+        node reports follows its model as gossip keeps mixing it; the trainer's thread then
+        runs until :meth:`Trainer.request_stop`. None: the thread ends with the budget (a
+        trainer alone, whose model nothing else moves).
     """
 
     steps: int | None = None
@@ -43,10 +45,10 @@ class TrainerConfig:
     slowdown: float = 1.0
     # A status goes out every 2 s (MQTT) and a summary line every 10 s: a fresh figure for
     # every few of them is enough; one evaluation of digits takes ~0.2 ms (median, 1 thread).
-    idle_eval_interval_s: float = 5.0
+    idle_eval_interval_s: float | None = 5.0
 
     def __post_init__(self) -> None:
-        if not self.idle_eval_interval_s > 0:
+        if self.idle_eval_interval_s is not None and not self.idle_eval_interval_s > 0:
             raise ValueError(
                 f"idle_eval_interval_s must be positive, got {self.idle_eval_interval_s}"
             )
@@ -59,7 +61,8 @@ class TrainerConfig:
         """Seconds to wait, after the budget, after an evaluation that took ``eval_s``: the
         interval, or longer for a model so big that its evaluation would take more than
         :data:`IDLE_EVAL_SHARE` of the time."""
-        return max(self.idle_eval_interval_s, eval_s * (1 - IDLE_EVAL_SHARE) / IDLE_EVAL_SHARE)
+        interval = self.idle_eval_interval_s or 0.0
+        return max(interval, eval_s * (1 - IDLE_EVAL_SHARE) / IDLE_EVAL_SHARE)
 
     def wait_after(self, compute_s: float) -> float:
         """Seconds to wait after a step that computed for ``compute_s``."""
@@ -187,6 +190,8 @@ class Trainer:
         self._stop.set()
 
     def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread: the end of the budget, or with ``idle_eval_interval_s`` set,
+        the stop that :meth:`request_stop` asks for."""
         if self._thread.ident is not None:  # never started: nothing to wait for
             self._thread.join(timeout)
 
@@ -219,7 +224,7 @@ class Trainer:
         """Once the budget is spent gossip still mixes the model toward the neighbours', so
         keep evaluating it, at a low rate, until stopped: the accuracy the node reports is its
         model's, not the one it had when it stopped stepping."""
-        wait = self.cfg.idle_eval_interval_s
+        wait = self.cfg.idle_eval_wait(0.0)
         while not self._stop.wait(wait):
             began = time.perf_counter()
             try:
@@ -272,5 +277,5 @@ class Trainer:
             self._ended_at = time.perf_counter()
             self.done.set()
             self._on_done()
-        if finished and self.error is None:
+        if finished and self.error is None and self.cfg.idle_eval_interval_s is not None:
             self._evaluate_after_budget()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import threading
@@ -103,6 +104,20 @@ def test_a_slow_evaluation_waits_nine_times_its_length() -> None:
     cfg = TrainerConfig(idle_eval_interval_s=5.0)
     assert cfg.idle_eval_wait(0.01) == 5.0  # digits: a few ms, the interval rules
     assert cfg.idle_eval_wait(2.0) == pytest.approx(18.0)  # a big model: 10% of the time
+
+
+async def test_a_trainer_without_an_idle_interval_ends_with_its_budget() -> None:
+    results: list[EvalResult] = []
+    cfg = TrainerConfig(steps=4, eval_every=2, idle_eval_interval_s=None)
+    trainer = Trainer(task(), torch.device("cpu"), threading.Lock(), cfg, on_eval=results.append)
+    trainer.start()
+    # Nobody asks it to stop (the reference run of murmur swarm): its thread ends by itself.
+    try:
+        await asyncio.wait_for(asyncio.to_thread(trainer.join), TIMEOUT_S)
+    finally:
+        trainer.request_stop()
+    assert trainer.done.is_set()
+    assert [(r.step, r.after_budget) for r in results] == [(2, False), (4, False)]
 
 
 def test_the_idle_interval_must_be_positive() -> None:
