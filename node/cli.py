@@ -183,6 +183,23 @@ def _add_run_parser(sub: Any) -> None:
     )
     p.add_argument("--eval-every", dest="trainer.eval_every", type=int, default=s)
     p.add_argument(
+        "--idle-eval-interval",
+        dest="trainer.idle_eval_interval_s",
+        type=float,
+        default=s,
+        metavar="SECONDS",
+        help="after the step budget, evaluate at most this often while gossip moves the model "
+        "(default 5)",
+    )
+    p.add_argument(
+        "--summary-interval",
+        dest="summary_interval_s",
+        type=float,
+        default=s,
+        metavar="SECONDS",
+        help="seconds between summary lines in the log; 0 for none (default 10)",
+    )
+    p.add_argument(
         "--slowdown",
         dest="trainer.slowdown",
         type=float,
@@ -231,6 +248,14 @@ def _add_monitor_parser(sub: Any) -> None:
     p.add_argument("--once", action="store_true", help="print once after --timeout and exit")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds --once listens (3)")
     p.add_argument("--json", action="store_true", help="the statuses as JSON")
+    p.add_argument(
+        "--hide-departed",
+        action="store_true",
+        help="leave out nodes that went offline, or stale ones silent for 10 minutes (off)",
+    )
+    p.add_argument(
+        "--width", type=int, help="table width in columns (default: the terminal's, else 80)"
+    )
     p.set_defaults(func=_cmd_monitor)
 
 
@@ -581,7 +606,14 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
 
     try:
         mqtt = MqttConfig(url=args.mqtt, swarm=args.swarm, prefix=args.prefix)
-        cfg = MonitorConfig(mqtt, once=args.once, timeout_s=args.timeout, json=args.json)
+        cfg = MonitorConfig(
+            mqtt,
+            once=args.once,
+            timeout_s=args.timeout,
+            json=args.json,
+            hide_departed=args.hide_departed,
+            width=args.width,
+        )
     except ValueError as err:
         print(f"murmur monitor: {err}", file=sys.stderr)
         return 2

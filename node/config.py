@@ -118,6 +118,8 @@ class NodeConfig:
         mqtt_discovery: also announce this node's address there and join the members announced.
         mqtt_prefix, swarm: the topics are ``{mqtt_prefix}/{swarm}/{node_id}/...``.
         mqtt_interval_s: seconds between two status messages.
+        summary_interval_s: seconds between two summary lines in the log (step, rates, mix,
+            last evaluation); 0 turns them off.
         membership: the SWIM protocol's settings (``[membership]`` in a config file).
     """
 
@@ -144,6 +146,8 @@ class NodeConfig:
     mqtt_prefix: str = "murmur"
     mqtt_interval_s: float = 2.0
     swarm: str = "default"
+    # Often enough to follow a run by eye; 360 lines an hour per node.
+    summary_interval_s: float = 10.0
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     gossip: GossipConfig = field(default_factory=GossipConfig)
     membership: SwimConfig = field(default_factory=SwimConfig)
@@ -153,6 +157,8 @@ class NodeConfig:
             raise ValueError(f"shard {self.shard_index}/{self.shard_count} is out of range")
         if self.checkpoint_interval_s <= 0:
             raise ValueError("checkpoint_interval_s must be positive")
+        if self.summary_interval_s < 0:
+            raise ValueError("summary_interval_s must not be negative (0 turns summaries off)")
         for address in (self.listen, *self.join, *filter(None, [self.advertise])):
             _check_address(address)
         if self.mqtt_discovery and self.mqtt is None:

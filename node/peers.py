@@ -90,6 +90,7 @@ class Peers:
         self.links: dict[str, PeerLink] = {}
         #: Links open only once the node has its starting model (a joiner pulls one first).
         self.linking = False
+        self._logged_neighbours: frozenset[str] | None = None  # the last set logged
         self._spawn = spawn
         self._on_view_change = on_view_change
         self._on_links_change = on_links_change
@@ -234,7 +235,7 @@ class Peers:
                 except Unreachable as err:
                     if time.monotonic() > deadline:
                         raise JoinError(f"{address} did not answer: {err}") from err
-                log.info("waiting for %s to answer", address)
+                log.debug("waiting for %s to answer", address)  # the node counts down
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 2.0)
 
@@ -299,9 +300,11 @@ class Peers:
                     # (membership gossip takes a few periods) counts us as its neighbour now.
                     self.membership.send([self.swim.ping(peer.address)])
             self._on_links_change()
-            log.info(
-                "node %s neighbours (%s): %s",
-                me[:8],
-                self.cfg.topology,
-                " ".join(sorted(j[:8] for j in mine)),
-            )
+            if mine != self._logged_neighbours:  # the topology is recomputed at every change
+                self._logged_neighbours = mine
+                log.info(
+                    "node %s neighbours (%s): %s",
+                    me[:8],
+                    self.cfg.topology,
+                    " ".join(sorted(j[:8] for j in mine)) or "none",
+                )
