@@ -153,7 +153,11 @@ async def test_two_nodes_train_report_and_stop_cleanly(
         (["--device", "tpu", "--insecure"], "unknown device"),
         (["--task", "no.such:thing", "--insecure"], "cannot import no.such"),
         (["--listen", "nowhere"], "is not host:port"),
-        (["--step-time", "-1", "--insecure"], "step_time must not be negative"),
+        (["--step-time", "-1", "--insecure"], "--step-time -1: must be at least 0"),
+        (["--eval-every", "0", "--insecure"], "--eval-every 0: must be at least 1"),
+        (["--steps", "-5", "--insecure"], "--steps -5: must be at least 1"),
+        (["--threads", "0", "--insecure"], "--threads 0: must be at least 1"),
+        (["--wait-members", "0", "--insecure"], "--wait-members 0: must be at least 1"),
         (["--join", "127.0.0.1:9", "--wait-timeout", "0.5", "--insecure"], "did not answer"),
         ([], "murmur ca issue"),  # no certificate, and no --insecure
     ],
@@ -172,7 +176,18 @@ async def test_a_config_file_with_a_typo_is_refused(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text('[gossip]\ncodex = "int8"\n')
     code, _, err = await murmur_done("run", "--config", str(tmp_path / "bad.toml"))
     assert code == 2
-    assert "unknown key gossip.codex" in err
+    assert "unknown key gossip.codex; did you mean gossip.codec?" in err
+
+
+async def test_a_bad_setting_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """``insecure = "false"`` once ran a node over plain TCP: now nothing starts at all."""
+    (tmp_path / "bad.toml").write_text(f'state_dir = "{tmp_path / "state"}"\ninsecure = "false"\n')
+    code, out, err = await murmur_done("run", "--config", str(tmp_path / "bad.toml"))
+    assert code == 2
+    assert out == ""  # no ready line
+    assert f'{tmp_path / "bad.toml"} line 2: insecure = "false": expected true or false' in err
+    assert not (tmp_path / "state").exists()
+    assert "Traceback" not in err
 
 
 async def test_status_of_nobody_fails_clearly() -> None:
