@@ -674,13 +674,24 @@ async def _serve(cfg: NodeConfig) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    # Until the event loop takes the signals over (first thing in _serve), SIGTERM interrupts
+    # as SIGINT does: nothing has started that needs stopping.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        cfg = build_node_config(args)
-    except SettingsError as err:
-        print(f"murmur run: {err}", file=sys.stderr)
-        return 2
-    return asyncio.run(_serve(cfg))
+        try:
+            cfg = build_node_config(args)
+        except SettingsError as err:
+            print(f"murmur run: {err}", file=sys.stderr)
+            return 2
+        return asyncio.run(_serve(cfg))
+    except KeyboardInterrupt:
+        log.info("stopped before the node started")
+        return 0
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -367,6 +367,7 @@ class Node:
         numel = self.flat.numel
         for address in [*neighbours, helper]:
             started = time.monotonic()
+            log.info("pulling the swarm's model (%.1f MB) from %s", 4 * numel / 1e6, address)
             timeout_s = transfer_timeout_s(self.cfg.gossip.call_timeout_s, 4 * numel)
             chunks = self.transport.call_pull_model(address, self.node_id, timeout_s)
             try:
@@ -499,13 +500,15 @@ class Node:
             )
 
         try:
-            if not ready():
+            if len(self.peers.view) < want:
                 log.info(
-                    "node %s waiting for members (%d of %d) and links",
+                    "node %s waiting for members (%d of %d known) and links",
                     self.node_id[:8],
                     len(self.peers.view),
                     want,
                 )
+            elif not ready():
+                log.info("node %s waiting for the links to its neighbours", self.node_id[:8])
             await self.wait_until(ready, self.cfg.wait_timeout_s)
         except TimeoutError:
             log.warning(
@@ -696,6 +699,7 @@ class Node:
 
     async def write_checkpoint(self) -> None:
         """Write the checkpoint now (atomically: a crash at any moment leaves a readable one)."""
+        log.debug("node %s writing a checkpoint", self.node_id[:8])
         ckpt = await self.gossiper.run(self._capture)
         if await asyncio.to_thread(self._save, ckpt) and self.metrics is not None:
             self.metrics.write("checkpoint", step=int(ckpt.meta["step"]))
