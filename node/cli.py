@@ -697,7 +697,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from node.pki import load_tls
     from node.status import format_status, status_to_json
-    from node.transport.base import Rejected, Unreachable
+    from node.transport.base import HandshakeFailed, Rejected, Unreachable
     from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
     if args.insecure == (args.tls_dir is not None):
@@ -716,6 +716,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
         transport = GrpcTransport(GrpcTransportConfig(tls=tls))
         try:
             status = await transport.call_status(args.address, args.timeout)
+        except HandshakeFailed as err:
+            said = str(err)
+            if args.insecure:
+                said = (
+                    f"{args.address} closed the connection: it runs mutual TLS, so ask it with "
+                    "--tls-dir DIR (a certificate from the swarm's CA) instead of --insecure"
+                )
+            print(f"murmur status: {said}", file=sys.stderr)
+            return 1
         except (Unreachable, Rejected) as err:
             print(f"murmur status: {err}", file=sys.stderr)
             return 1

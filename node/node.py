@@ -275,9 +275,11 @@ class Node:
         self.peers.set_address(self.address)
         self.peers.membership.start()
         if self.cfg.metrics_port is not None:
-            self.metrics_server = MetricsServer.start(
-                self.status, self.cfg.metrics_host, self.cfg.metrics_port
-            )
+            host, port = self.cfg.metrics_host, self.cfg.metrics_port
+            try:
+                self.metrics_server = MetricsServer.start(self.status, host, port)
+            except OSError as err:
+                raise OSError(f"cannot serve metrics on {host}:{port}: {err.strerror}") from err
         self.metrics = MetricsLog(self.cfg.state_dir / METRICS_FILE)
         self.metrics.write("start", node_id=self.node_id, address=self.address)
         self.ready = True

@@ -23,6 +23,7 @@ __all__ = [
     "INVALID_ARGUMENT_REASONS",
     "DeltaStream",
     "Handler",
+    "HandshakeFailed",
     "Reason",
     "Rejected",
     "SnapshotChunk",
@@ -78,6 +79,11 @@ class Rejected(Exception):
 
 class Unreachable(Exception):
     """The peer could not be reached, or did not answer in time."""
+
+
+class HandshakeFailed(Unreachable):
+    """The peer was reached, but the TLS handshake with it failed (a certificate from another
+    CA, expired, or one side speaking plain TCP): retrying will not change it."""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -131,8 +132,8 @@ async def test_two_nodes_train_report_and_stop_cleanly(
     assert code == 0
     assert "neighbours (1)" in out
     code, _, err = await murmur_done("status", ready_b["address"], "--insecure", "--timeout", "2")
-    assert code == 1  # a TLS node does not talk plain TCP
-    assert "UNAVAILABLE" in err
+    assert code == 1  # a TLS node does not talk plain TCP, and says so
+    assert "it runs mutual TLS, so ask it with --tls-dir DIR" in err
 
     assert await a.stop(signal.SIGTERM) == 0
     assert await b.stop(signal.SIGINT) == 0
@@ -194,3 +195,26 @@ async def test_status_of_nobody_fails_clearly() -> None:
     code, _, err = await murmur_done("status", "127.0.0.1:9", "--timeout", "1", "--insecure")
     assert code == 1
     assert "UNAVAILABLE" in err
+
+
+async def test_a_metrics_port_in_use_is_named(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = await murmur_done(
+            "run",
+            "--insecure",
+            "--state-dir",
+            str(tmp_path),
+            "--listen",
+            "127.0.0.1:0",
+            "--device",
+            "cpu",
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(port),
+        )
+    assert code == 2
+    assert f"cannot serve metrics on 127.0.0.1:{port}: Address already in use" in err
