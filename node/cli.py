@@ -66,7 +66,7 @@ def _default_text(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, tuple):
-        return ", ".join(value) if value else "none"
+        return " ".join(map(str, value)) if value else "none"
     return str(value)
 
 
@@ -580,11 +580,11 @@ def build_node_config(
     Raises:
         SettingsError: a value was refused (node/settings.py says how).
     """
-    from node.config import node_config
-
     flags = {k: v for k, v in vars(args).items() if k not in _NOT_SETTINGS}
     labels: dict[str, str] = getattr(args, "flag_labels", {})
     loaded = settings.load_settings(args.config, environ, flags, labels)
+    from node.config import node_config  # torch: only once the settings passed
+
     return node_config(loaded)
 
 
