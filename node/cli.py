@@ -844,7 +844,12 @@ def _add_ca_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="revoke nodes: a new signed DIR/revoked.json to drop into any node's dir",
     )
     revoke.add_argument("dir", type=Path, metavar="DIR", help="the CA dir")
-    revoke.add_argument("node_ids", nargs="+", metavar="NODE_ID")
+    revoke.add_argument(
+        "node_ids",
+        nargs="+",
+        metavar="NODE_ID",
+        help="a node id, or the first characters (at least 4) of one this CA issued",
+    )
     revoke.set_defaults(func=_cmd_ca_revoke)
 
 
@@ -882,13 +887,19 @@ def _cmd_ca_issue(args: argparse.Namespace) -> int:
 
 
 def _cmd_ca_revoke(args: argparse.Namespace) -> int:
+    from node.pki import issued_nodes, resolve_node_id
     from node.revocation import REVOKED_FILE, revoke
 
     try:
-        revocations = revoke(args.dir, args.node_ids)
+        ids = [resolve_node_id(args.dir, i) for i in args.node_ids]
+        revocations = revoke(args.dir, ids)
+        issued = issued_nodes(args.dir)
     except (ValueError, OSError) as err:
         print(f"murmur ca revoke: {err}", file=sys.stderr)
         return 2
+    for node_id in ids:
+        name = issued.get(node_id, {}).get("name")
+        print(f"revoked {node_id}" + (f" ({name})" if name else " (not issued by this CA)"))
     print(
         f"wrote {args.dir / REVOKED_FILE} (version {revocations.version}, "
         f"{len(revocations.node_ids)} node(s)); copy it into any live node's state dir: "
