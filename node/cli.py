@@ -24,25 +24,32 @@ __all__ = ["main"]
 log = logging.getLogger("murmur")
 
 EXAMPLES = """examples:
-  murmur ca init ~/swarm-ca && murmur ca issue ~/swarm-ca a --out ~/murmur-a
+  murmur ca init ~/swarm-ca
+  murmur ca issue ~/swarm-ca a --out ~/murmur-a
   murmur run --state-dir ~/murmur-a --listen 0.0.0.0:7070
-  murmur run --insecure --state-dir /tmp/b --listen 127.0.0.1:7071 --join 127.0.0.1:7070
-  murmur status 127.0.0.1:7070 --tls-dir ~/murmur-me
-  murmur swarm --nodes 4 --steps 300
+  murmur status 127.0.0.1:7070 --tls-dir ~/murmur-a
 
 Every command has its own --help (murmur run --help)."""
 
 RUN_EXAMPLES = """examples:
-  murmur run --state-dir ~/murmur-a --listen 0.0.0.0:7070 --shard 0/4
-  murmur run --state-dir ~/murmur-b --listen 0.0.0.0:7071 --shard 1/4 --join 10.0.0.5:7070
-  murmur run --insecure --state-dir /tmp/x --listen 127.0.0.1:0 --steps 300
-  MURMUR_TRAINER__STEPS=300 murmur run --config node.toml
+  murmur run --insecure --state-dir /tmp/a --listen 127.0.0.1:7070 --shard 0/2 --steps 300
+  murmur run --insecure --state-dir /tmp/b --listen 127.0.0.1:7071 --shard 1/2 --steps 300 \\
+      --join 127.0.0.1:7070
+  MURMUR_STEPS=300 murmur run --insecure --state-dir /tmp/c --listen 127.0.0.1:7072 \\
+      --join 127.0.0.1:7070
 
-Settings come from the defaults, then --config FILE (TOML: the keys are the settings' names,
-or the flags' names, with [trainer], [gossip] and [membership] tables), then MURMUR_*
-environment variables (MURMUR_WAIT_MEMBERS, MURMUR_GOSSIP__CODEC, MURMUR_STEPS, ...), then the
-flags. A value of the wrong type or out of range, or an unknown key, is refused before the node
-starts."""
+Settings come from the defaults, then --config FILE (TOML: the keys are the settings'
+names, or the flags' names, with [trainer], [gossip] and [membership] tables), then
+MURMUR_* environment variables (MURMUR_WAIT_MEMBERS, MURMUR_GOSSIP__CODEC, MURMUR_STEPS,
+...), then the flags. A value of the wrong type or out of range, or an unknown key, is
+refused before the node starts."""
+
+MONITOR_EXAMPLES = """examples:
+  murmur monitor --mqtt mqtt://127.0.0.1:1883 --swarm lab
+  murmur monitor --mqtt mqtt://127.0.0.1:1883 --swarm lab --once --json"""
+
+#: The examples of every --help, each a sequence of commands run by tests/test_docs.py.
+HELP_EXAMPLES = {"murmur": EXAMPLES, "murmur run": RUN_EXAMPLES, "murmur monitor": MONITOR_EXAMPLES}
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -168,8 +175,8 @@ def _add_run_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "run",
         parents=[common],
         help="run one node until SIGTERM or SIGINT",
-        description="Run one node: serve, join, train, gossip, until SIGTERM or SIGINT; then "
-        "leave politely, write the final checkpoint and exit 0.",
+        description="Run one node: serve, join, train, gossip, until SIGTERM or SIGINT;\n"
+        "then leave politely, write the final checkpoint and exit 0.",
         epilog=RUN_EXAMPLES,
         formatter_class=_Formatter,
     )
@@ -338,8 +345,7 @@ def _add_monitor_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "monitor",
         parents=[common],
         help="a live table of a swarm's nodes, from an MQTT broker",
-        epilog="examples:\n  murmur monitor --mqtt mqtt://127.0.0.1:1883 --swarm lab\n"
-        "  murmur monitor --mqtt mqtt://127.0.0.1:1883 --once --json",
+        epilog=MONITOR_EXAMPLES,
         formatter_class=_Formatter,
     )
     p.add_argument("--mqtt", required=True, metavar="URL", help="the broker: mqtt://host:port")
@@ -803,6 +809,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"murmur monitor: {err}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _interrupt)  # stopped like Ctrl-C: a clean exit 0
     try:
         return asyncio.run(run_monitor(cfg))
     except KeyboardInterrupt:
