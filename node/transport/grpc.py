@@ -420,7 +420,10 @@ class GrpcTransport:
                 )
                 port = server.add_secure_port(listen, creds)
         except RuntimeError as exc:
-            raise OSError(f"cannot listen on {listen}: {exc}") from exc
+            raise OSError(
+                f"cannot listen on {listen}: the port is taken, or the address is not this "
+                "machine's (GRPC_VERBOSITY=debug shows gRPC's own account)"
+            ) from exc
         await server.start()
         self._server = server
         if tls is None:

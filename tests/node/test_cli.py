@@ -7,7 +7,7 @@ import json
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +218,53 @@ async def test_a_metrics_port_in_use_is_named(tmp_path: Path) -> None:
         )
     assert code == 2
     assert f"cannot serve metrics on 127.0.0.1:{port}: Address already in use" in err
+
+
+async def test_a_listen_port_in_use_is_named_without_grpcs_own_lines(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        code, _, err = await murmur_done(
+            "run",
+            "--insecure",
+            "--state-dir",
+            str(tmp_path),
+            "--device",
+            "cpu",
+            "--listen",
+            address,
+        )
+    assert code == 2
+    assert f"cannot listen on {address}: the port is taken" in err
+    assert "add_port.cc" not in err  # gRPC's C-core logging is off unless asked for
+
+
+async def test_json_logs_are_one_object_per_line(tmp_path: Path, dead_port: int) -> None:
+    code, _, err = await murmur_done(
+        "run",
+        "--log-format",
+        "json",
+        "--insecure",
+        "--state-dir",
+        str(tmp_path),
+        "--listen",
+        "127.0.0.1:0",
+        "--device",
+        "cpu",
+        "--join",
+        f"127.0.0.1:{dead_port}",
+        "--wait-timeout",
+        "0.5",
+    )
+    assert code == 2
+    records = [json.loads(line) for line in err.splitlines()]
+    assert {"time", "level", "logger", "message"} <= set(records[0])
+    assert any(r["level"] == "ERROR" and "did not answer" in r["message"] for r in records)
+
+
+@pytest.fixture
+def dead_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]

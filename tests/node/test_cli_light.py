@@ -86,3 +86,47 @@ def test_version_and_log_options_anywhere_on_the_line() -> None:
     assert bad.returncode == 2
     assert "invalid choice: 'LOUD'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+#: Runs ``murmur ARGV`` as if ``MODULE`` were not installed.
+WITHOUT = """
+import sys
+sys.modules[sys.argv[1]] = None  # an import of it fails, as when it is not installed
+from node.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "extra"),
+    [
+        ("matplotlib", ["report", "."], "pip install 'murmur[plots]'"),
+        ("matplotlib", ["simulate", "--nodes", "2"], "pip install 'murmur[plots]'"),
+        ("matplotlib", ["swarm", "--nodes", "2"], "pip install 'murmur[plots]'"),
+        (
+            "sklearn",
+            ["run", "--insecure", "--device", "cpu", "--listen", "127.0.0.1:0"],
+            "the digits task needs sklearn, which is not installed: pip install 'murmur[digits]'",
+        ),
+    ],
+)
+def test_a_command_needing_an_extra_names_it(
+    tmp_path: Path, module: str, argv: list[str], extra: str
+) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WITHOUT,
+            module,
+            *argv,
+            *(["--state-dir", str(tmp_path)] if argv[0] == "run" else []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    assert extra in out.stderr
+    assert "Traceback" not in out.stderr
