@@ -54,8 +54,9 @@ TOPOLOGY_NAMES = ("ring", "exponential", "random-regular")
 #: Test-only attacks a node can mount on its neighbours (``GossipConfig.attack``).
 ATTACKS = ("scale", "flip", "random")
 ENV_PREFIX = "MURMUR_"
-#: Variables with the prefix that are not settings (the testbed's entry point reads this one).
-ENV_NOT_SETTINGS = frozenset({"MURMUR_NAME"})
+#: Variables with the prefix that are not settings: the testbed's (its entry point reads
+#: MURMUR_NAME, docker/compose.yml MURMUR_IMAGE).
+ENV_NOT_SETTINGS = frozenset({"MURMUR_NAME", "MURMUR_IMAGE"})
 
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
