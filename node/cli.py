@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from node import settings
 from node.logs import LOG_FORMATS, LOG_LEVELS, quiet_grpc, setup_logging
-from node.settings import ATTACKS, CODEC_NAMES, TOPOLOGY_NAMES, SettingsError
+from node.settings import ATTACKS, CODEC_NAMES, TOPOLOGY_NAMES
+from node.settings_sources import SettingsError, load_settings
 
 if TYPE_CHECKING:  # the commands import what they need, so that --help need not load torch
     from node.config import GossipConfig, NodeConfig
@@ -188,7 +189,12 @@ def _add_run_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="a TOML file of settings; the environment and the flags override it (default: none)",
     )
     p.add_argument("--listen", metavar="HOST:PORT", default=s, help=_h("listen"))
-    p.add_argument("--advertise", metavar="HOST:PORT", default=s, help=_h("advertise"))
+    p.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        default=s,
+        help=_h("advertise", default="the bound address"),
+    )
     p.add_argument(
         "--join",
         action="append",
@@ -588,7 +594,7 @@ def build_node_config(
     """
     flags = {k: v for k, v in vars(args).items() if k not in _NOT_SETTINGS}
     labels: dict[str, str] = getattr(args, "flag_labels", {})
-    loaded = settings.load_settings(args.config, environ, flags, labels)
+    loaded = load_settings(args.config, environ, flags, labels)
     from node.config import node_config  # torch: only once the settings passed
 
     return node_config(loaded)

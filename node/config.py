@@ -13,7 +13,8 @@ from gossip.codecs import CODECS
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
 from node.mqtt_messages import MqttConfig
-from node.settings import ATTACKS, FLAG_KEYS, RunSettings, load_settings
+from node.settings import ATTACKS, FLAG_KEYS, RunSettings
+from node.settings_sources import load_settings
 from node.trainer import TrainerConfig
 
 __all__ = ["ATTACKS", "DEFAULT_GAMMA", "GossipConfig", "NodeConfig", "gossip_config", "node_config"]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from node.cli import HELP_EXAMPLES
-from node.settings import load_settings
+from node.settings_sources import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 #: First words of shell lines that CI's other stages run (make check, make test-testbed).

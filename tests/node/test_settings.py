@@ -16,16 +16,8 @@ from node.config import ATTACKS, GossipConfig, NodeConfig, node_config
 from node.settings import (
     ATTACKS as SETTINGS_ATTACKS,
 )
-from node.settings import (
-    CODEC_NAMES,
-    ENV_PREFIX,
-    TOPOLOGY_NAMES,
-    RunSettings,
-    SettingsError,
-    default_of,
-    keys,
-    load_settings,
-)
+from node.settings import CODEC_NAMES, ENV_PREFIX, TOPOLOGY_NAMES, RunSettings, default_of, keys
+from node.settings_sources import SettingsError, load_settings
 from node.trainer import TrainerConfig
 
 # (what the file says, what the message must say). Each is a TOML file on its own.
