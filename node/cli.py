@@ -387,10 +387,17 @@ def _add_status_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("address", help="host:port of a node")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long to wait for an answer",
+    )
     p.add_argument(
         "--tls-dir",
         type=Path,
+        metavar="DIR",
         help="a certificate from the swarm's CA to ask with (murmur ca issue makes one)",
     )
     p.add_argument("--insecure", action="store_true", help="ask over plain TCP")
@@ -408,6 +415,7 @@ def _add_report_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         type=Path,
+        metavar="DIR",
         help="where run-report.md and plots/ go (default: the state dirs' parent)",
     )
     p.set_defaults(func=_cmd_report)
@@ -420,22 +428,34 @@ def _add_swarm_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         formatter_class=_Formatter,
         help="run N real nodes on this machine and report",
     )
-    p.add_argument("--nodes", type=int, default=8)
-    p.add_argument("--steps", type=int, default=600, help="local steps per node")
-    p.add_argument("--duration", type=float, help="stop after this many seconds in any case")
-    p.add_argument("--task", default="digits")
-    p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet alpha (non-iid shards)")
+    p.add_argument("--nodes", type=int, default=8, metavar="N", help="node processes to run")
+    p.add_argument("--steps", type=int, default=600, metavar="N", help="local steps per node")
+    p.add_argument(
+        "--duration", type=float, metavar="SECONDS", help="stop after this long in any case"
+    )
+    p.add_argument("--task", default="digits", metavar="TASK", help="what every node trains")
+    p.add_argument(
+        "--alpha", type=float, default=0.5, metavar="A", help="Dirichlet alpha (non-iid shards)"
+    )
     p.add_argument("--iid", action="store_true", help="iid shards instead of Dirichlet")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="the swarm's seed")
+    p.add_argument("--device", default="cpu", metavar="DEVICE", help="every node's device")
+    p.add_argument(
+        "--eval-every", type=int, default=100, metavar="N", help="evaluate every N steps"
+    )
     p.add_argument(
         "--settle-rounds",
         type=int,
+        metavar="N",
         default=20,
         help="gossip rounds every node does after the last one finishes training",
     )
-    p.add_argument("--workdir", type=Path, help="where state dirs and the report go")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        metavar="DIR",
+        help="where state dirs and the report go (default: murmur-runs/TIME)",
+    )
     p.add_argument(
         "--no-baseline", action="store_true", help="skip training the single-process reference"
     )
@@ -459,23 +479,46 @@ def _add_simulate_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "simulated seconds and gossips at least --local-steps steps apart, when its links "
         "are not busy: the gossip period is about their product, or the links' round trip.",
     )
-    p.add_argument("--nodes", type=int, default=64)
-    p.add_argument("--duration", type=float, default=60.0, help="simulated seconds")
-    p.add_argument("--task", default="logistic", help="logistic (cheap), digits, module:factory")
+    p.add_argument("--nodes", type=int, default=64, metavar="N", help="simulated nodes")
+    p.add_argument(
+        "--duration", type=float, default=60.0, metavar="SECONDS", help="simulated seconds"
+    )
+    p.add_argument(
+        "--task",
+        default="logistic",
+        metavar="TASK",
+        help="logistic (cheap), digits, module:factory",
+    )
     p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet alpha (non-iid shards)")
     p.add_argument("--iid", action="store_true", help="iid shards instead of Dirichlet")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="the swarm's seed")
     p.add_argument(
         "--independent-init",
         action="store_true",
         help="every node starts from a model of its own (to measure consensus from afar)",
     )
-    p.add_argument("--step-time", type=float, default=0.02, help="simulated seconds per local step")
-    p.add_argument("--steps", type=int, help="local step budget per node (none: no limit)")
-    p.add_argument("--stragglers", type=float, default=0.0, help="fraction of slow nodes")
-    p.add_argument("--straggler-slowdown", type=float, default=5.0, help="how much slower")
     p.add_argument(
-        "--speed-spread", type=float, default=0.0, help="sigma of a lognormal step-time factor"
+        "--step-time",
+        type=float,
+        default=0.02,
+        metavar="SECONDS",
+        help="simulated seconds per local step",
+    )
+    p.add_argument(
+        "--steps", type=int, metavar="N", help="local step budget per node (default: no limit)"
+    )
+    p.add_argument(
+        "--stragglers", type=float, default=0.0, metavar="F", help="fraction of slow nodes"
+    )
+    p.add_argument(
+        "--straggler-slowdown", type=float, default=5.0, metavar="X", help="how much slower"
+    )
+    p.add_argument(
+        "--speed-spread",
+        type=float,
+        default=0.0,
+        metavar="SIGMA",
+        help="sigma of a lognormal step-time factor",
     )
     p.add_argument(
         "--latency",
@@ -485,28 +528,56 @@ def _add_simulate_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar=("MIN", "MAX"),
         help="one-way delay of each link, uniform in [MIN, MAX] seconds",
     )
-    p.add_argument("--bandwidth", type=float, default=10.0, help="uplink Mbit/s per node")
-    p.add_argument("--loss", type=float, default=0.0, help="loss of deltas and SWIM messages")
+    p.add_argument(
+        "--bandwidth", type=float, default=10.0, metavar="MBIT", help="uplink Mbit/s per node"
+    )
+    p.add_argument(
+        "--loss", type=float, default=0.0, metavar="P", help="loss of deltas and SWIM messages"
+    )
     p.add_argument(
         "--churn",
         type=float,
+        metavar="F",
         help="fraction of nodes replaced per simulated minute (half leave, half crash)",
     )
-    p.add_argument("--leave-rate", type=float, default=0.0, help="fraction leaving per minute")
-    p.add_argument("--crash-rate", type=float, default=0.0, help="fraction crashing per minute")
-    p.add_argument("--join-rate", type=float, default=0.0, help="fraction joining per minute")
-    p.add_argument("--swim-period", type=float, default=1.0, help="membership period in seconds")
     p.add_argument(
-        "--eval-every", type=float, default=2.0, help="simulated seconds between samples"
+        "--leave-rate", type=float, default=0.0, metavar="F", help="fraction leaving per minute"
+    )
+    p.add_argument(
+        "--crash-rate", type=float, default=0.0, metavar="F", help="fraction crashing per minute"
+    )
+    p.add_argument(
+        "--join-rate", type=float, default=0.0, metavar="F", help="fraction joining per minute"
+    )
+    p.add_argument(
+        "--swim-period",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="membership period in seconds",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="simulated seconds between samples",
     )
     p.add_argument(
         "--consensus-threshold",
         type=float,
+        metavar="D",
         default=1e-2,
         help="relative consensus distance counted as consensus",
     )
-    p.add_argument("--target-accuracy", type=float, default=0.8)
-    p.add_argument("--out", type=Path, default=Path("murmur-sim"), help="output dir")
+    p.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=0.8,
+        metavar="ACC",
+        help="accuracy counted as reached",
+    )
+    p.add_argument("--out", type=Path, default=Path("murmur-sim"), metavar="DIR", help="output dir")
     p.add_argument("--quiet", action="store_true", help="no progress")
     _add_gossip_flags(p, suppress=False)
     p.set_defaults(func=_cmd_simulate)
@@ -837,7 +908,7 @@ def _add_ca_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="make a CA: DIR/ca_key.pem (mode 0600) and DIR/ca_cert.pem",
     )
     init.add_argument("dir", type=Path, metavar="DIR")
-    init.add_argument("--name", default="murmur swarm", help="the CA's common name")
+    init.add_argument("--name", default="murmur swarm", metavar="NAME", help="the CA's common name")
     init.set_defaults(func=_cmd_ca_init)
     issue = ca.add_parser(
         "issue",
@@ -847,8 +918,10 @@ def _add_ca_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     issue.add_argument("dir", type=Path, metavar="DIR", help="the CA dir")
     issue.add_argument("name", metavar="NAME", help="a label for the node")
-    issue.add_argument("--out", type=Path, help="the node's state dir (default: DIR/NAME)")
-    issue.add_argument("--days", type=int, default=365, help="validity in days")
+    issue.add_argument(
+        "--out", type=Path, metavar="OUT", help="the node's state dir (default: DIR/NAME)"
+    )
+    issue.add_argument("--days", type=int, default=365, metavar="N", help="validity in days")
     issue.set_defaults(func=_cmd_ca_issue)
     revoke = ca.add_parser(
         "revoke",
@@ -950,8 +1023,8 @@ def _common_options(top: bool) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    quiet_grpc()  # before anything imports grpc
+def build_parser() -> argparse.ArgumentParser:
+    """The ``murmur`` command line: every command and its flags."""
     parser = argparse.ArgumentParser(
         prog="murmur",
         description="Peer-to-peer training by compressed gossip.",
@@ -969,7 +1042,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_report_parser(sub, common)
     _add_monitor_parser(sub, common)
     _add_ca_parser(sub, common)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    quiet_grpc()  # before anything imports grpc
+    args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     code: int = args.func(args)
     return code

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -130,3 +133,33 @@ def test_a_command_needing_an_extra_names_it(
     assert out.returncode == 2, out.stderr
     assert extra in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _parsers(
+    parser: argparse.ArgumentParser, name: str = "murmur"
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield from _parsers(sub, f"{name} {sub_name}")
+
+
+def test_every_flag_has_help_with_its_default_and_a_clean_metavar() -> None:
+    from node.cli import build_parser
+
+    seen = 0
+    for name, parser in _parsers(build_parser()):
+        text = parser.format_help()
+        assert "." not in "".join(re.findall(r"--[\w-]+ ([A-Z_.]+)", text)), (name, text)
+        for action in parser._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            if isinstance(action, argparse._HelpAction | argparse._VersionAction):
+                continue
+            seen += 1
+            flag = action.option_strings[0]
+            assert action.help, f"{name} {flag} has no help"
+            shown = parser._get_formatter()._expand_help(action)  # as --help prints it
+            assert shown.count("(default") == 1, f"{name} {flag}: {shown}"
+    assert seen > 80
