@@ -20,7 +20,7 @@ from node.settings_sources import SettingsError, load_settings
 if TYPE_CHECKING:  # the commands import what they need, so that --help need not load torch
     from node.config import GossipConfig, NodeConfig
 
-__all__ = ["main"]
+__all__ = ["build_node_config", "main", "make_parser"]
 
 log = logging.getLogger("murmur")
 
@@ -733,6 +733,8 @@ async def _serve(cfg: NodeConfig) -> int:
 
     async def announce_trained() -> None:
         await node.training_finished.wait()
+        if node.trainer.error is not None:  # it failed (diverged, say): nothing was trained
+            return
         ev = node.trainer.last_eval
         print(
             json.dumps(
@@ -1023,8 +1025,8 @@ def _common_options(top: bool) -> argparse.ArgumentParser:
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``murmur`` command line: every command and its flags."""
+def make_parser() -> argparse.ArgumentParser:
+    """The ``murmur`` command line (for :func:`main`, and for checking a command line)."""
     parser = argparse.ArgumentParser(
         prog="murmur",
         description="Peer-to-peer training by compressed gossip.",
@@ -1047,7 +1049,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_grpc()  # before anything imports grpc
-    args = build_parser().parse_args(argv)
+    args = make_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     code: int = args.func(args)
     return code

@@ -101,6 +101,12 @@ class TrainerSettings(_Schema):
     slowdown: Annotated[float, Field(ge=1)] = Field(  # 1: the device's own pace
         1.0, description="make every step this many times as long (a straggler)"
     )
+    rollback_every: AtLeastOne = Field(  # a rollback loses at most this many steps
+        50, description="keep a finite copy of model and optimizer every this many steps"
+    )
+    max_rollbacks: Annotated[int, Field(ge=0)] = Field(  # diverging again at once: no healing
+        3, description="rollbacks in a row before the trainer gives up"
+    )
 
 
 class GossipSettings(_Schema):

@@ -146,10 +146,10 @@ def _parsers(
 
 
 def test_every_flag_has_help_with_its_default_and_a_clean_metavar() -> None:
-    from node.cli import build_parser
+    from node.cli import make_parser
 
     seen = 0
-    for name, parser in _parsers(build_parser()):
+    for name, parser in _parsers(make_parser()):
         text = parser.format_help()
         assert "." not in "".join(re.findall(r"--[\w-]+ ([A-Z_.]+)", text)), (name, text)
         for action in parser._actions:
