@@ -295,9 +295,11 @@ class Node:
         self.peers.set_address(self.address)
         self.peers.membership.start()
         if self.cfg.metrics_port is not None:
-            self.metrics_server = MetricsServer.start(
-                self.status, self.cfg.metrics_host, self.cfg.metrics_port
-            )
+            host, port = self.cfg.metrics_host, self.cfg.metrics_port
+            try:
+                self.metrics_server = MetricsServer.start(self.status, host, port)
+            except OSError as err:
+                raise OSError(f"cannot serve metrics on {host}:{port}: {err.strerror}") from err
         self.metrics = MetricsLog(self.cfg.state_dir / METRICS_FILE)
         self.metrics.write("start", node_id=self.node_id, address=self.address)
         self.ready = True
@@ -439,6 +441,7 @@ class Node:
         numel = self.flat.numel
         for address in [*neighbours, helper]:
             started = time.monotonic()
+            log.info("pulling the swarm's model (%.1f MB) from %s", 4 * numel / 1e6, address)
             timeout_s = transfer_timeout_s(self.cfg.gossip.call_timeout_s, 4 * numel)
             chunks = self.transport.call_pull_model(address, self.node_id, timeout_s)
             try:
@@ -809,6 +812,7 @@ class Node:
         unless the node has nothing worth keeping (see :meth:`_save`)."""
         if not self._trained():
             return
+        log.debug("node %s writing a checkpoint", self.node_id[:8])
         ckpt = await self.gossiper.run(self._capture)
         wrote = await self._checkpoint_progress.run(
             f"node {self.node_id[:8]} writing a checkpoint",

@@ -19,7 +19,7 @@ from node.links import LinkConfig, PeerLink
 from node.membership import Membership
 from node.revocation import Revocations, parse_revocations
 from node.telemetry import Counters
-from node.transport.base import Reason, Rejected, Transport, Unreachable
+from node.transport.base import HandshakeFailed, Reason, Rejected, Transport, Unreachable
 
 __all__ = ["JoinError", "MemberSigning", "Peers"]
 
@@ -232,6 +232,8 @@ class Peers:
                         raise JoinError(f"{address} refused us: {err}") from err
                     if time.monotonic() > deadline:
                         raise JoinError(f"{address} is not taking members: {err}") from err
+                except HandshakeFailed as err:
+                    raise JoinError(f"{address} refused us: {err}") from err
                 except Unreachable as err:
                     if time.monotonic() > deadline:
                         raise JoinError(f"{address} did not answer: {err}") from err
@@ -248,7 +250,7 @@ class Peers:
                     err = task.exception()
                     if err is None:
                         return task.result()
-                    if isinstance(err.__cause__, Rejected):
+                    if isinstance(err.__cause__, Rejected | HandshakeFailed):
                         raise err  # a refusal is an answer: this swarm will not have us
                     errors.append(err)
             raise errors[0]

@@ -489,7 +489,7 @@ async def test_the_last_will_marks_a_killed_node_offline(
         await next_message(sub, lambda t, _: t == topic.replace("online", "status"))
         p.proc.kill()  # SIGKILL: no goodbye; the broker sees the connection drop
         await next_message(sub, lambda t, m: t == topic and m == b"false")
-    cmd = ["monitor", "--mqtt", broker.url, "--prefix", "fleet", "--once", "--timeout", "0.5"]
+    cmd = ["monitor", "--mqtt", broker.url, "--mqtt-prefix", "fleet", "--once", "--timeout", "0.5"]
     for extra in ([], ["--hide-departed", "--width", "60"]):
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "node", *cmd, *extra, stdout=asyncio.subprocess.PIPE
