@@ -142,8 +142,8 @@ async def test_a_full_disk_keeps_the_old_checkpoint_and_training_goes_on(
     # The node's view of its state dir: the tmpfs, visible only in its mount namespace.
     state_dir = Path(f"/proc/{node.proc.pid}/root") / mount.relative_to("/")
     path = state_dir / CHECKPOINT_FILE
-    await node.line_with("step 25 loss")
-    await node.line_with("step 50 loss")  # a few checkpoint intervals later: one is written
+    await node.line_with("step 25 eval_loss")
+    await node.line_with("step 50 eval_loss")  # a few checkpoint intervals later: one is written
     assert path.is_file()
     ballast = fill(state_dir)
     warning = await node.line_with("could not write the checkpoint")
@@ -152,8 +152,8 @@ async def test_a_full_disk_keeps_the_old_checkpoint_and_training_goes_on(
     step = load_checkpoint(path).meta["step"]
     # Training goes on (several checkpoint intervals), the old checkpoint stays, no warning
     # again, and the failed writes leave no temporary files behind.
-    evals = [await node.line_with(" loss ") for _ in range(3)]
-    steps = [int(re.search(r" step (\d+) loss ", line)[1]) for line in evals]  # type: ignore[index]
+    evals = [await node.line_with(" eval_loss ") for _ in range(3)]
+    steps = [int(re.search(r" step (\d+) eval_loss ", line)[1]) for line in evals]  # type: ignore[index]
     assert step < steps[0] < steps[1] < steps[2]
     assert path.read_bytes() == kept
     assert not list(state_dir.glob(".*.tmp"))

@@ -34,7 +34,7 @@ async def test_a_node_restarted_after_its_seed_died_rejoins_the_others(
     b_ready = await b.event()
     c = await start(*murmur(*same))
     await c.event()
-    await c.line_with("step 100 loss")
+    await c.line_with("step 100 eval_loss")
     code, _ = await c.stop()
     assert code == 0
     members = load_checkpoint(tmp_path / "c" / CHECKPOINT_FILE).meta["members"]
@@ -45,7 +45,7 @@ async def test_a_node_restarted_after_its_seed_died_rejoins_the_others(
     # The same command line: its --join names the dead seed; b, which it remembers, is alive.
     again = await start(*murmur(*same, "--wait-members", "2", "--wait-timeout", "5"))
     assert (await again.event())["event"] == "ready"
-    await again.line_with("step 200 loss")
+    await again.line_with("step 200 eval_loss")
     # It found b and its link up: it did not give up waiting and train alone.
     assert "starts training with" not in "\n".join(again.lines)
     assert "resuming from" in "\n".join(again.lines)
