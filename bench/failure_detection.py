@@ -1,6 +1,7 @@
 """SWIM failure detection on the discrete-event simulator: detection time, false positives, traffic.
 
     python -m bench.failure_detection [--sizes 32 128] [--losses 0 0.05 0.2] [--seeds 5] [--quick]
+        [--full-quiet]
 
 Every run is :class:`gossip.swim_sim.SwimSimulation` with the default :class:`SwimConfig`, a
 uniform 1-20 ms one-way delay and independent loss of each message, started in a steady state
@@ -16,7 +17,7 @@ machine; only the wall time does. Two kinds of run:
   took longer than the bound, and how many *other* members were declared dead by anyone during
   these runs (false positives), summed over the runs.
 * Quiet (one per size and loss, no crash): ``--quiet-s`` seconds, less for larger swarms (see
-  ``quiet_seconds``). Counted over the whole run: suspicion episodes (a member at one
+  ``quiet_seconds``) unless ``--full-quiet``. Counted over the whole run: suspicion episodes (a member at one
   incarnation, suspected by anyone) and how many were refuted by the end, distinct members
   declared dead by anyone (all false positives) and the number of such declarations, and
   whether every member's view holds all n members at the end. Counted after ``--warm-s``:
@@ -91,10 +92,10 @@ def steady_start(sim: SwimSimulation) -> None:
         member.clear_updates()
 
 
-def quiet_seconds(n: int, quiet_s: float) -> float:
-    """``quiet_s`` up to 32 members, (32/n)^2 of it above (the simulator's cost per simulated
-    second grows faster than n^2), but at least a minute."""
-    return max(60.0, quiet_s * min(1.0, (32 / n) ** 2))
+def quiet_seconds(n: int, quiet_s: float, full: bool = False) -> float:
+    """``quiet_s`` up to 32 members (or at any size if ``full``), (32/n)^2 of it above (the
+    simulator's cost per simulated second grows faster than n^2), but at least a minute."""
+    return quiet_s if full else max(60.0, quiet_s * min(1.0, (32 / n) ** 2))
 
 
 def detect(n: int, loss: float, seed: int, warm_s: float) -> Detection:
@@ -251,6 +252,9 @@ def main() -> None:
     parser.add_argument(
         "--quiet-s", type=float, default=2000.0, help="quiet run at 32 members or fewer"
     )
+    parser.add_argument(
+        "--full-quiet", action="store_true", help="quiet runs last --quiet-s at every size"
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--quick", action="store_true", help="2 seeds, 300 s quiet runs")
     args = parser.parse_args()
@@ -265,7 +269,7 @@ def main() -> None:
         # The largest runs first, so that the last to finish are short.
         for n in sorted(args.sizes, reverse=True):
             for loss in sorted(args.losses, reverse=True):
-                q = quiet_seconds(n, args.quiet_s)
+                q = quiet_seconds(n, args.quiet_s, args.full_quiet)
                 quiet_runs.append(pool.submit(quiet, n, loss, 1000, q, args.warm_s))
             for loss in sorted(args.losses, reverse=True):
                 for seed in range(args.seeds):
