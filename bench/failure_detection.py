@@ -17,9 +17,10 @@ machine; only the wall time does. Two kinds of run:
   took longer than the bound, and how many *other* members were declared dead by anyone during
   these runs (false positives), summed over the runs.
 * Quiet (one per size and loss, no crash): ``--quiet-s`` seconds, less for larger swarms (see
-  ``quiet_seconds``) unless ``--full-quiet``. Counted over the whole run: suspicion episodes (a member at one
-  incarnation, suspected by anyone) and how many were refuted by the end, distinct members
-  declared dead by anyone (all false positives) and the number of such declarations, and
+  ``quiet_seconds``) unless ``--full-quiet``. Counted over the whole run: suspicion episodes
+  (a member at one incarnation, suspected by anyone) and how many were refuted by the end,
+  distinct members declared dead by anyone (all false positives) and the number of such
+  declarations, and
   whether every member's view holds all n members at the end. Counted after ``--warm-s``:
   messages sent per member per second (pings, acks, ping-reqs and relayed pings and acks),
   piggybacked records per message (the sender's own record included), and an *estimate* of
