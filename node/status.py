@@ -54,8 +54,9 @@ class NodeStatus:
 
 def status_to_json(status: NodeStatus) -> str:
     data = asdict(status)
-    for member in data["members"]:  # keys and signatures are for nodes, not for readers
-        del member["public_key"], member["signature"]
+    for member in data["members"]:  # keys and signatures (bytes) are for nodes, not readers
+        for key in [k for k, v in member.items() if isinstance(v, bytes)]:
+            del member[key]
     return json.dumps(data, indent=2, sort_keys=True)
 
 
