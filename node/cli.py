@@ -327,6 +327,11 @@ def _add_simulate_parser(sub: Any) -> None:
     p.add_argument("--bandwidth", type=float, default=10.0, help="uplink Mbit/s per node (10)")
     p.add_argument("--loss", type=float, default=0.0, help="loss of deltas and SWIM messages")
     p.add_argument(
+        "--partition",
+        metavar="AT:FOR[:GROUPS]",
+        help="split the network into GROUPS (2) groups at AT simulated seconds for FOR seconds",
+    )
+    p.add_argument(
         "--churn",
         type=float,
         help="fraction of nodes replaced per simulated minute (half leave, half crash)",
@@ -364,7 +369,7 @@ def _gossip_config(args: argparse.Namespace) -> GossipConfig:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     import torch
 
-    from node.sim.config import ChurnConfig, NetConfig, SimConfig
+    from node.sim.config import ChurnConfig, NetConfig, PartitionConfig, SimConfig
     from node.sim.run import run_simulation
 
     try:
@@ -393,7 +398,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             target_accuracy=args.target_accuracy,
             gossip=gossip,
             membership=SwimConfig(period_s=args.swim_period),
-            net=NetConfig(tuple(args.latency), args.bandwidth * 1e6 / 8, args.loss),
+            net=NetConfig(
+                tuple(args.latency),
+                args.bandwidth * 1e6 / 8,
+                args.loss,
+                PartitionConfig.parse(args.partition) if args.partition else None,
+            ),
             churn=churn,
         )
     except ValueError as err:
