@@ -28,9 +28,9 @@ import torch
 
 from node.config import GossipConfig
 from node.sim import NetConfig, SimConfig, Simulation
-from node.sim.swarm import Sample
 from node.sim.config import PartitionConfig
 from node.sim.node import CPU
+from node.sim.swarm import Sample
 from node.tasks.base import evaluate
 
 
