@@ -130,6 +130,8 @@ class SwimConfig:
         again all that time), so that old records about them change nothing.
     push_pull_interval_s: how often a member swaps its whole state with a random member, up to
         32 members; above, times ``ceil(log2 n - 5) + 1``.
+    max_push_pull: the most records one push-pull carries (this member's own, then the live
+        members, then the others, a random share of each where there are more).
     max_members: the most members a view holds, dead and departed included; a full view makes
         room by forgetting the member longest dead, else refuses newcomers.
     max_pending: the most updates waiting to be piggybacked; a full queue drops the update
@@ -151,6 +153,7 @@ class SwimConfig:
     forget_after_s: float = 86_400.0  # Serf reconnects failed members for 24 h
     push_pull_interval_s: float = 15.0  # repairs within ~2 periods (30 s); 0.5 KB/s at 32 members
     max_members: int = 4096  # 16x the largest simulated swarm; ~2 MB of records at most
+    max_push_pull: int = 512  # ~160 KB with keys and signatures: far under gRPC's bound
     max_pending: int = 256  # at ~40 records/s sent, more could not go out in their budget anyway
     new_members_per_s: float = 2.0  # joins come a few a minute; one relayer cannot swamp a view
     new_members_burst: int = 64  # a whole small swarm at once, as a push-pull from a new member
@@ -168,6 +171,8 @@ class SwimConfig:
             raise ValueError("reconnect, forget and push-pull intervals must be positive")
         if min(self.max_members, self.max_pending, self.max_piggyback, self.new_members_burst) < 1:
             raise ValueError("max_members, max_pending, max_piggyback and the burst must be >= 1")
+        if self.max_push_pull < 2:
+            raise ValueError("max_push_pull must be at least 2 (ourselves and one other)")
         if self.new_members_per_s <= 0:
             raise ValueError("new_members_per_s must be positive")
 
@@ -279,13 +284,25 @@ class Swim(FailureDetector):
         self, kind: Kind, address: str, seq: int, target: NodeId = "", to: NodeId = ""
     ) -> Outgoing:
         self.sent_messages += 1
-        if kind in FULL_STATE:
-            updates = tuple(self.records()[: self.cfg.max_members])
-        else:
-            updates = self._piggyback(to)
+        updates = self._full_state() if kind in FULL_STATE else self._piggyback(to)
         return Outgoing(
             address, SwimMessage(kind, self.node_id, self.address, seq, target, updates)
         )
+
+    def _full_state(self) -> tuple[MemberRecord, ...]:
+        """What a push-pull carries: everything, or where that is over ``max_push_pull``, this
+        member, then a random share of the live members, then of the others (another share
+        each time, so that repeated push-pulls cover the view)."""
+        records = self.records()
+        room = self.cfg.max_push_pull
+        if len(records) <= room:
+            return tuple(records)
+        others = [r for r in records if r.node_id != self.node_id]
+        live = [r for r in others if r.live]
+        gone = [r for r in others if not r.live]
+        self.rng.shuffle(live)
+        self.rng.shuffle(gone)
+        return (self.me, *[*live, *gone][: room - 1])
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -295,7 +312,7 @@ class Swim(FailureDetector):
 
     def receive(self, msg: SwimMessage) -> list[Outgoing]:
         """Handle one message; returns the messages it causes."""
-        limit = self.cfg.max_members if msg.kind in FULL_STATE else self.cfg.max_piggyback + 2
+        limit = self.cfg.max_push_pull if msg.kind in FULL_STATE else self.cfg.max_piggyback + 2
         if len(msg.updates) > limit:
             self.refused["records over a message's limit"] += len(msg.updates) - limit
         self.merge(msg.updates[:limit], relayer=msg.sender)

@@ -233,3 +233,18 @@ def test_one_relayer_introduces_new_members_at_a_bounded_rate() -> None:
     assert len(r.live_members()) == 1 + 30
     r.merge(strangers)  # what this member asked for (its hello's answer) is not limited
     assert len(r.live_members()) == 1 + 100
+
+
+def test_a_push_pull_carries_a_bounded_share_of_a_large_view_live_members_first() -> None:
+    clock = ManualClock()
+    r = member("r", clock, cfg=SwimConfig(max_push_pull=8))
+    r.merge([record_of(f"m{i}", 1) for i in range(20)])
+    r.merge([record_of(f"m{i}", 1, Status.LEFT) for i in range(15)])
+    asked = SwimMessage(Kind.PUSH_PULL, "m0", "sim://m0", 1, updates=(record_of("m0", 1),))
+    [reply] = r.receive(asked)
+    assert reply.message.kind is Kind.PUSH_PULL_REPLY
+    carried = reply.message.updates
+    assert len(carried) == 8
+    assert carried[0] == r.me
+    assert {u.status for u in carried[1:6]} == {Status.ALIVE}  # the 5 live first
+    assert {u.status for u in carried[6:]} == {Status.LEFT}
