@@ -151,7 +151,7 @@ class SwimConfig:
     max_piggyback: int = 8  # ~2 KB of records (key and signature each) on one message
     reconnect_interval_s: float = 5.0  # a healed 3|3 split is one view in ~5 s, well within 30 s
     forget_after_s: float = 86_400.0  # Serf reconnects failed members for 24 h
-    push_pull_interval_s: float = 15.0  # repairs within ~2 periods (30 s); 0.5 KB/s at 32 members
+    push_pull_interval_s: float = 15.0  # repairs within ~2 periods (30 s); ~1 KB/s at 32 members
     max_members: int = 4096  # 16x the largest simulated swarm; ~2 MB of records at most
     max_push_pull: int = 512  # ~160 KB with keys and signatures: far under gRPC's bound
     max_pending: int = 256  # at ~40 records/s sent, more could not go out in their budget anyway
