@@ -560,6 +560,11 @@ def _add_simulate_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--loss", type=float, default=0.0, metavar="P", help="loss of deltas and SWIM messages"
     )
     p.add_argument(
+        "--partition",
+        metavar="AT:FOR[:GROUPS]",
+        help="split the network into GROUPS (2) groups at AT simulated seconds for FOR seconds",
+    )
+    p.add_argument(
         "--churn",
         type=float,
         metavar="F",
@@ -631,7 +636,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     import torch
 
     from gossip.swim import SwimConfig
-    from node.sim.config import ChurnConfig, NetConfig, SimConfig
+    from node.sim.config import ChurnConfig, NetConfig, PartitionConfig, SimConfig
     from node.sim.run import run_simulation
 
     try:
@@ -660,7 +665,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             target_accuracy=args.target_accuracy,
             gossip=gossip,
             membership=SwimConfig(period_s=args.swim_period),
-            net=NetConfig(tuple(args.latency), args.bandwidth * 1e6 / 8, args.loss),
+            net=NetConfig(
+                tuple(args.latency),
+                args.bandwidth * 1e6 / 8,
+                args.loss,
+                PartitionConfig.parse(args.partition) if args.partition else None,
+            ),
             churn=churn,
         )
     except ValueError as err:

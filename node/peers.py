@@ -18,6 +18,7 @@ from node.gossiper import Gossiper
 from node.links import LinkConfig, PeerLink
 from node.membership import Membership
 from node.revocation import Revocations, parse_revocations
+from node.signing import signature_holds
 from node.telemetry import Counters
 from node.transport.base import HandshakeFailed, Reason, Rejected, Transport, Unreachable
 
@@ -83,6 +84,7 @@ class Peers:
             self.swim.sign, self.swim.public_key, verify = signing
             # A revoked node's records are refused, so it cannot come back into any view.
             self.swim.verify = lambda r: r.node_id not in self.revocations.node_ids and verify(r)
+            self.swim.check_signature = signature_holds  # an accuser's, on a suspicion
         self.view = MemberView(self.swim)
         self.membership = Membership(
             self.swim, transport, clock, self._members_changed, attach=self._attachment
@@ -206,7 +208,7 @@ class Peers:
                 Reason.BAD_ADDRESS,
                 f"another node ({answered[:8]}) answers at your address {joiner.address}",
             )
-        self.membership.merge([joiner, *hello.members])
+        self.membership.merge([joiner, *hello.members], relayer=joiner.node_id)
         await self.membership.settle()
         return self.hello()
 

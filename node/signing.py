@@ -8,6 +8,7 @@ another address nor announce that it left.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from gossip.swim import MemberRecord
 from node.identity import Identity
 
-__all__ = ["MemberVerifier", "public_key_der", "record_signer"]
+__all__ = ["MemberVerifier", "public_key_der", "record_signer", "signature_holds"]
 
 _ECDSA = ec.ECDSA(hashes.SHA256())
 
@@ -69,3 +70,18 @@ class MemberVerifier:
         if len(self._good) > self._cache:
             self._good.popitem(last=False)
         return True
+
+
+@functools.lru_cache(maxsize=4096)
+def signature_holds(public_key: bytes, data: bytes, signature: bytes) -> bool:
+    """Whether ``signature`` over ``data`` holds for ``public_key`` (DER, P-256): how an
+    accuser's signature on a suspicion is checked (``Swim.check_signature``). Cached, failures
+    too, since the same accusations come back many times as they are gossiped around."""
+    try:
+        key = serialization.load_der_public_key(public_key)
+        if not isinstance(key, ec.EllipticCurvePublicKey):
+            return False
+        key.verify(signature, data, _ECDSA)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True

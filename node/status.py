@@ -87,8 +87,9 @@ def status_to_json(status: NodeStatus) -> str:
     """The status as strict JSON (what ``murmur status --json`` prints): the dataclass's
     fields, with numbers that are not finite (a loss before the first step) as ``null``."""
     data = asdict(status)
-    for member in data["members"]:  # keys and signatures are for nodes, not for readers
-        del member["public_key"], member["signature"]
+    for member in data["members"]:  # keys and signatures (bytes) are for nodes, not readers
+        for key in [k for k, v in member.items() if isinstance(v, bytes)]:
+            del member[key]
     return json.dumps(finite(data), indent=2, sort_keys=True, allow_nan=False)
 
 

@@ -85,7 +85,14 @@ _STATUS_TO_PB = {
     Status.LEFT: pb.LEFT,
 }
 _STATUS_FROM_PB = {v: k for k, v in _STATUS_TO_PB.items()}
-_KIND_TO_PB = {Kind.PING: pb.PING, Kind.ACK: pb.ACK, Kind.PING_REQ: pb.PING_REQ}
+_KIND_TO_PB = {
+    Kind.PING: pb.PING,
+    Kind.ACK: pb.ACK,
+    Kind.PING_REQ: pb.PING_REQ,
+    Kind.NACK: pb.NACK,
+    Kind.PUSH_PULL: pb.PUSH_PULL,
+    Kind.PUSH_PULL_REPLY: pb.PUSH_PULL_REPLY,
+}
 _KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
 
 
@@ -95,6 +102,8 @@ def _member_from_pb(m: pb.Member) -> MemberRecord:
         raise _malformed(f"member status {m.status} is unknown")
     if len(m.public_key) > MAX_KEY_BYTES or len(m.signature) > MAX_KEY_BYTES:
         raise _malformed("member key or signature is too long")
+    if len(m.accuser_signature) > MAX_KEY_BYTES:
+        raise _malformed("member accuser signature is too long")
     return MemberRecord(
         _node_id(m.node_id, "member id"),
         address(m.address, "member address"),
@@ -102,6 +111,8 @@ def _member_from_pb(m: pb.Member) -> MemberRecord:
         status,
         m.public_key,
         m.signature,
+        accuser=_node_id(m.accuser, "member accuser") if m.accuser else "",
+        accuser_signature=m.accuser_signature,
     )
 
 
@@ -113,6 +124,8 @@ def _member_to_pb(m: MemberRecord) -> pb.Member:
         status=_STATUS_TO_PB[m.status],
         public_key=m.public_key,
         signature=m.signature,
+        accuser=m.accuser,
+        accuser_signature=m.accuser_signature,
     )
 
 
@@ -364,6 +377,8 @@ def status_from_pb(s: pb.NodeStatus) -> NodeStatus:
                 _STATUS_FROM_PB[m.status],
                 m.public_key,
                 m.signature,
+                accuser=m.accuser,
+                accuser_signature=m.accuser_signature,
             )
             for m in s.members
         ),

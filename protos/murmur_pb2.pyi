@@ -19,6 +19,9 @@ class SwimKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PING: _ClassVar[SwimKind]
     ACK: _ClassVar[SwimKind]
     PING_REQ: _ClassVar[SwimKind]
+    NACK: _ClassVar[SwimKind]
+    PUSH_PULL: _ClassVar[SwimKind]
+    PUSH_PULL_REPLY: _ClassVar[SwimKind]
 ALIVE: MemberStatus
 SUSPECT: MemberStatus
 DEAD: MemberStatus
@@ -26,6 +29,9 @@ LEFT: MemberStatus
 PING: SwimKind
 ACK: SwimKind
 PING_REQ: SwimKind
+NACK: SwimKind
+PUSH_PULL: SwimKind
+PUSH_PULL_REPLY: SwimKind
 
 class ParamSpec(_message.Message):
     __slots__ = ("name", "shape", "dtype")
@@ -48,20 +54,24 @@ class TaskFingerprint(_message.Message):
     def __init__(self, params: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., codec: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "status", "public_key", "signature")
+    __slots__ = ("node_id", "address", "incarnation", "status", "public_key", "signature", "accuser", "accuser_signature")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    ACCUSER_FIELD_NUMBER: _ClassVar[int]
+    ACCUSER_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
     status: MemberStatus
     public_key: bytes
     signature: bytes
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    accuser: str
+    accuser_signature: bytes
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., accuser: _Optional[str] = ..., accuser_signature: _Optional[bytes] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol_version", "self", "fingerprint", "members", "revocations")

@@ -8,7 +8,37 @@ from dataclasses import dataclass, field
 from gossip.swim import SwimConfig
 from node.config import GossipConfig
 
-__all__ = ["ChurnConfig", "NetConfig", "SimConfig"]
+__all__ = ["ChurnConfig", "NetConfig", "PartitionConfig", "SimConfig"]
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """The network split into ``groups`` groups of nodes from ``at_s`` for ``for_s`` simulated
+    seconds: the initial nodes by index into equal, contiguous groups (node ids are hashes, so
+    each group is spread over the ring), joiners round robin. Between groups, deltas and
+    membership messages are lost; calls (snapshots, pulls) wait until the partition ends."""
+
+    at_s: float
+    for_s: float
+    groups: int = 2
+
+    def __post_init__(self) -> None:
+        if self.at_s < 0 or self.for_s <= 0 or self.groups < 2:
+            raise ValueError("a partition needs at >= 0, a positive duration and 2+ groups")
+
+    @classmethod
+    def parse(cls, text: str) -> PartitionConfig:
+        """``AT:FOR`` or ``AT:FOR:GROUPS`` (seconds, seconds, a count), as the CLI takes it."""
+        parts = text.split(":")
+        try:
+            if len(parts) not in (2, 3):
+                raise ValueError
+            return cls(float(parts[0]), float(parts[1]), int(parts[2]) if parts[2:] else 2)
+        except ValueError:
+            raise ValueError(
+                f"--partition {text!r}: expected AT:FOR[:GROUPS] (seconds, seconds, 2 or more "
+                "groups), e.g. 30:30"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -20,11 +50,13 @@ class NetConfig:
         bandwidth_bps: every node's uplink in bytes per second (inf: unlimited).
         loss: probability that a delta or a membership message is lost. Snapshots, model
             pulls and acknowledgements are not: the transport retries calls until they land.
+        partition: a split of the network for a while, if any.
     """
 
     latency_s: tuple[float, float] = (0.01, 0.05)
     bandwidth_bps: float = 1.25e6  # 10 Mbit/s
     loss: float = 0.0
+    partition: PartitionConfig | None = None
 
     def __post_init__(self) -> None:
         lo, hi = self.latency_s

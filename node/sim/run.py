@@ -29,8 +29,12 @@ def _progress_line(s: Sample) -> str:
         f"t={s.t:7.1f}s live={s.live:5d} consensus={s.consensus_distance:9.3g} "
         f"(rel {s.relative_distance:8.2g}) acc avg={s.avg_accuracy:.3f} "
         f"worst={s.worst_accuracy:.3f} rounds={s.rounds_per_node:7.1f} "
-        f"sent/node={s.bytes_per_node / 2**20:8.2f} MiB  [wall {s.wall_s:6.1f}s]"
+        f"sent/node={s.bytes_per_node / 2**20:8.2f} MiB{_views(s)}  [wall {s.wall_s:6.1f}s]"
     )
+
+
+def _views(s: Sample) -> str:
+    return f" partial views={s.partial_views}" if s.partial_views else ""
 
 
 def plot(samples: list[Sample], path: Path, title: str) -> None:
@@ -105,8 +109,19 @@ def _when(t: float | None) -> str:
 
 def format_summary(s: Summary, cfg: SimConfig) -> str:
     rounds = "" if s.consensus_rounds is None else f" ({s.consensus_rounds:.0f} rounds)"
+    split = cfg.net.partition
+    healed = (
+        [
+            f"partition into {split.groups} groups at {split.at_s:g} s for {split.for_s:g} s: "
+            f"one view again {_when(s.healed_s)} after it ended (sampled every "
+            f"{cfg.eval_every_s:g} s)"
+        ]
+        if split is not None
+        else []
+    )
     return "\n".join(
         [
+            *healed,
             f"consensus (relative distance <= {cfg.consensus_threshold:g}): "
             f"{_when(s.consensus_s)}{rounds}",
             f"target accuracy {cfg.target_accuracy:g}: averaged model {_when(s.target_avg_s)}, "

@@ -56,6 +56,8 @@ class Sample:
     departed: int
     wall_s: float
     events: int
+    #: Training nodes whose live view is not exactly the nodes that are up (0: one view).
+    partial_views: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -80,6 +82,9 @@ class Summary:
     wall_s: float
     events: int
     tensor_bytes_per_node: float
+    #: Seconds from the end of the partition to the first sample with one view (None: no
+    #: partition, or not within the run).
+    healed_s: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -111,6 +116,11 @@ class Simulation:
         self._count = 0
         self._free_shards: list[int] = []
         self._started = time.perf_counter()
+        #: The group of each node's address while the network is split (cfg.net.partition).
+        self.groups: dict[str, int] = {}
+        split = cfg.net.partition
+        if split is not None:
+            self.network.split(lambda a: self.groups.get(a, -1), split.at_s, split.for_s)
         for i in range(cfg.nodes):
             self._make_node(shard=i)
         everyone = [n.swim.me for n in self.nodes.values()]
@@ -152,10 +162,15 @@ class Simulation:
             step_s *= cfg.straggler_slowdown
         if cfg.speed_spread:
             step_s *= math.exp(self.rng.gauss(0.0, cfg.speed_spread))
+        address = f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}:7070"
+        if cfg.net.partition is not None:
+            groups = cfg.net.partition.groups
+            first = index < cfg.nodes
+            self.groups[address] = index * groups // cfg.nodes if first else index % groups
         node = SimNode(
             self,
             hashlib.sha256(f"murmur-sim|{cfg.seed}|{index}".encode()).hexdigest()[:32],
-            f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}:7070",
+            address,
             shard,
             self._task(index, shard),
             step_s,
@@ -327,6 +342,16 @@ class Simulation:
             departed=self.departed,
             wall_s=time.perf_counter() - self._started,
             events=self.events.processed,
+            partial_views=self.partial_views(),
+        )
+
+    def partial_views(self) -> int:
+        """Training nodes whose view of live members is not exactly the nodes that are up."""
+        up = sorted(n.node_id for n in self.nodes.values() if n.alive)
+        return sum(
+            [r.node_id for r in n.swim.live_members()] != up
+            for n in self.nodes.values()
+            if n.training
         )
 
     def summary(self) -> Summary:
@@ -341,6 +366,11 @@ class Simulation:
         target_worst = first(lambda s: s.worst_accuracy >= cfg.target_accuracy)
         final = samples[-1]
         live = [n for n in self.nodes.values() if n.training]
+        split = cfg.net.partition
+        healed = None
+        if split is not None:
+            end = split.at_s + split.for_s
+            healed = next((s for s in samples if s.t >= end and s.partial_views == 0), None)
         return Summary(
             nodes=cfg.nodes,
             topology=cfg.gossip.topology,
@@ -357,4 +387,5 @@ class Simulation:
             wall_s=final.wall_s,
             events=final.events,
             tensor_bytes_per_node=sum(n.tensor_bytes() for n in live) / max(1, len(live)),
+            healed_s=healed.t - (split.at_s + split.for_s) if healed and split else None,
         )

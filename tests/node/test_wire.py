@@ -85,7 +85,10 @@ def test_malformed_deltas_are_refused() -> None:
 
 @pytest.mark.parametrize("kind", list(Kind))
 def test_membership_messages_round_trip(kind: Kind) -> None:
-    updates = (MemberRecord("a1", "h:1", 2), MemberRecord("c3", "[::1]:7", 9, Status.SUSPECT))
+    updates = (
+        MemberRecord("a1", "h:1", 2),
+        MemberRecord("c3", "[::1]:7", 9, Status.SUSPECT, accuser="a1", accuser_signature=b"s"),
+    )
     message = SwimMessage(kind, "a1", "h:1", 44, "c3" if kind is Kind.PING_REQ else "", updates)
     raw = wire.swim_to_pb(message, PROTOCOL_VERSION).SerializeToString()
     assert wire.swim_from_pb(pb.SwimMessage.FromString(raw)) == (PROTOCOL_VERSION, message)
@@ -105,6 +108,16 @@ def test_membership_messages_round_trip(kind: Kind) -> None:
         ),
         pb.SwimMessage(
             sender="a1", sender_address="h:1", updates=[pb.Member(node_id="b", address="h:0")]
+        ),
+        pb.SwimMessage(
+            sender="a1",
+            sender_address="h:1",
+            updates=[pb.Member(node_id="b", address="h:2", status=pb.DEAD, accuser="x y")],
+        ),
+        pb.SwimMessage(
+            sender="a1",
+            sender_address="h:1",
+            updates=[pb.Member(node_id="b", address="h:2", accuser_signature=b"s" * 513)],
         ),
     ],
 )
