@@ -61,6 +61,7 @@ class MemberRecord:
     ``public_key`` and ``signature`` let anyone check the parts only the member itself may say
     (:meth:`claim`): its address, its incarnation, and that it left. Suspicion and death are
     other members' claims, so a record that says them keeps the member's signature of "alive".
+    ``certificate`` (DER) is the swarm CA's proof that the id is a member's at all.
     """
 
     node_id: NodeId
@@ -69,6 +70,7 @@ class MemberRecord:
     status: Status = Status.ALIVE
     public_key: bytes = b""
     signature: bytes = b""
+    certificate: bytes = b""
 
     @property
     def live(self) -> bool:
@@ -207,6 +209,8 @@ class Swim:
     #: Signs this member's own records (with the key whose hash is its id); None: unsigned.
     sign: Callable[[bytes], bytes] | None = None
     public_key: bytes = b""
+    #: The CA's certificate for this member's key (DER), carried on its own records.
+    certificate: bytes = b""
     #: Checks a record's signature; records that fail are dropped (None: take all).
     verify: Callable[[MemberRecord], bool] | None = None
 
@@ -240,7 +244,10 @@ class Swim:
             return record
         if self._signed is None or self._signed[0] != record:  # signing is slow: once per change
             signed = replace(
-                record, public_key=self.public_key, signature=self.sign(record.claim())
+                record,
+                public_key=self.public_key,
+                signature=self.sign(record.claim()),
+                certificate=self.certificate,
             )
             self._signed = (record, signed)
         return self._signed[1]

@@ -87,7 +87,8 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
         "murmur_members", "Members this node knows, by status (itself included).", labels=["status"]
     )
     for status in Status:
-        members.add_metric([str(status)], sum(m.status is status for m in s.members))
+        count = s.member_counts.get(str(status), sum(m.status is status for m in s.members))
+        members.add_metric([str(status)], count)
     out.append(members)
 
     label = ["neighbour"]

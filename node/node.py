@@ -61,10 +61,16 @@ from node.metrics import MetricsServer
 from node.mqtt import MqttBridge
 from node.peers import JoinError, Peers
 from node.pki import load_tls
-from node.revocation import REVOKED_FILE, Revocations
+from node.revocation import REVOKED_FILE, Revocations, read_revocations_file
 from node.service import NodeService
-from node.signing import MemberVerifier, public_key_der, record_signer
-from node.status import NeighbourStatus, NodeStatus, status_to_json
+from node.signing import (
+    MemberVerifier,
+    RecordScreen,
+    certificate_der,
+    public_key_der,
+    record_signer,
+)
+from node.status import NeighbourStatus, NodeStatus, status_to_json, summarise_members
 from node.tasks.base import Shard, Task, load_task
 from node.telemetry import Counters, MetricsLog
 from node.trainer import EvalResult, Trainer
@@ -100,9 +106,10 @@ def _advertised(bound: str) -> str:
     return f"127.0.0.1:{port}"
 
 
-def _max_message_bytes(numel: int) -> int:
-    """An fp32 delta of the whole model plus headroom for headers: larger input is refused."""
-    return 4 * numel + (1 << 20)
+def _max_message_bytes(numel: int, codec: str, block_size: int) -> int:
+    """A delta of the whole model in the swarm's codec plus headroom for headers (and for
+    snapshot and model chunks, a MiB each): larger input is refused by gRPC itself."""
+    return get_codec(codec, block_size).encoded_nbytes(numel) + (1 << 20)
 
 
 class Node:
@@ -176,6 +183,10 @@ class Node:
         if resume is not None and resume.optimizer is not None:
             self.trainer.optimizer.load_state_dict(dict(resume.optimizer))
         self.counters = Counters()
+        #: Which member records enter the view (admission by the CA: node/signing.py).
+        self.verifier = MemberVerifier(ca_pem, self.counters.rejected)
+        if isinstance(transport, GrpcTransport):
+            transport.screen = RecordScreen(self.verifier, clock)
         self.service = NodeService(self)
         self.peers = Peers(
             self.node_id,
@@ -191,7 +202,7 @@ class Node:
             spawn=self._spawn,
             on_view_change=self._view_changed,
             on_links_change=self._links_changed,
-            signing=(record_signer(identity), public_key_der(identity), MemberVerifier()),
+            signing=(record_signer(identity), public_key_der(identity), self.verifier),
             ca_pem=ca_pem,
             on_revocations=self._keep_revocations,
         )
@@ -241,12 +252,17 @@ class Node:
         task = factory(Shard(cfg.shard_index, cfg.shard_count, cfg.alpha, cfg.seed))
         if transport is None:
             numel = sum(p.numel() for p in task.model.parameters())
-            transport = GrpcTransport(GrpcTransportConfig(_max_message_bytes(numel), tls))
+            g = cfg.gossip
+            limit = _max_message_bytes(numel, g.codec, g.block_size)
+            transport = GrpcTransport(GrpcTransportConfig(limit, tls))
         path = cfg.state_dir / CHECKPOINT_FILE
         resume = await asyncio.to_thread(load_checkpoint, path) if path.exists() else None
         ca_pem = tls.ca_pem if tls else None
         clock = clock or MonotonicClock()
-        return cls(cfg, identity, task, device, transport, clock, resume, ca_pem)
+        node = cls(cfg, identity, task, device, transport, clock, resume, ca_pem)
+        if tls is not None:  # the CA's proof of this node's id rides on its member records
+            node.peers.swim.certificate = certificate_der(tls.cert_pem)
+        return node
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -643,6 +659,7 @@ class Node:
             )
         ev = self.trainer.last_eval
         c = self.counters
+        members, member_counts = summarise_members(self.peers.swim.records(), self.node_id)
         return NodeStatus(
             node_id=self.node_id,
             address=self.address,
@@ -660,8 +677,9 @@ class Node:
             samples_per_s=self.trainer.samples_per_s,
             samples=self.trainer.samples,
             neighbours=tuple(neighbours),
-            members=tuple(self.peers.swim.records()),
+            members=members,
             rejected=dict(c.rejected),
+            member_counts=member_counts,
         )
 
     def _capture(self) -> Checkpoint:
@@ -713,15 +731,20 @@ class Node:
 
     @property
     def _revocations_path(self) -> Path:
-        return (self.cfg.tls_dir or self.cfg.state_dir) / REVOKED_FILE
+        """The one place a node reads (and keeps) its revocation list: the state dir, which is
+        the node's own and writable, whatever ``--tls-dir`` says."""
+        return self.cfg.state_dir / REVOKED_FILE
 
     async def _watch_revocations(self) -> None:
-        """Look at ``revoked.json`` in the TLS dir every few seconds: an operator (or a
+        """Look at ``revoked.json`` in the state dir every few seconds: an operator (or a
         deployment tool) drops a new list there, and this node adopts and spreads it."""
         seen = b""
+        path = self._revocations_path
+        stray = self.cfg.tls_dir / REVOKED_FILE if self.cfg.tls_dir else None
+        if stray is not None and stray != path and stray.exists():
+            log.warning("ignoring %s: revocation lists are read from %s", stray, path)
         while True:
-            path = self._revocations_path
-            blob = await asyncio.to_thread(path.read_bytes) if path.exists() else b""
+            blob = await asyncio.to_thread(read_revocations_file, path)
             if blob != seen:
                 seen = blob
                 self.peers.adopt_revocations(blob, str(path))

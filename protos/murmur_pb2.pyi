@@ -48,20 +48,22 @@ class TaskFingerprint(_message.Message):
     def __init__(self, params: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., codec: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "status", "public_key", "signature")
+    __slots__ = ("node_id", "address", "incarnation", "status", "public_key", "signature", "certificate")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
     status: MemberStatus
     public_key: bytes
     signature: bytes
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    certificate: bytes
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol_version", "self", "fingerprint", "members", "revocations")
@@ -218,8 +220,15 @@ class NeighbourStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ..., weight: _Optional[float] = ..., bytes_received: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "loss", "accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples")
+    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "loss", "accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples", "member_counts")
     class RejectedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class MemberCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -244,6 +253,7 @@ class NodeStatus(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_COUNTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     device: str
@@ -262,4 +272,5 @@ class NodeStatus(_message.Message):
     members: _containers.RepeatedCompositeFieldContainer[Member]
     rejected: _containers.ScalarMap[str, int]
     samples: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ...) -> None: ...
+    member_counts: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., member_counts: _Optional[_Mapping[str, int]] = ...) -> None: ...

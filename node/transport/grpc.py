@@ -1,16 +1,27 @@
-"""The gRPC transport: a grpc.aio server for the node's handler, and one channel per peer.
+"""The gRPC transport: a grpc.aio server for the node's handler, and channels to peers.
 
 Refusals travel as a gRPC status (INVALID_ARGUMENT when the message itself is wrong,
 FAILED_PRECONDITION when it does not fit the receiver's state) with the reason in the trailing
 metadata key ``murmur-reason``, so the caller gets back the same :class:`Rejected`.
+
+Under mutual TLS every call is judged by who sent it before its message is read: the caller is
+the node id its certificate certifies (a node certificate of the swarm's CA: ECDSA P-256, not a
+CA, issued by the CA itself), and a caller that is revoked, banned, or holds more than
+``calls_per_peer`` calls open is refused at once (so the server takes every method as a stream
+of requests, however the client sends it). A caller whose messages do not decode, speak for
+another node, or carry member records no honest member sends is banned by that id. Member records
+are checked (:class:`node.signing.RecordScreen`) before the node sees them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+import time
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -19,9 +30,11 @@ import torch
 from google.protobuf.message import DecodeError
 
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
-from gossip.swim import SwimMessage
+from gossip.swim import MemberRecord, SwimMessage
 from node import wire
-from node.pki import TLS_NAME, TlsFiles, node_id_of_cert
+from node.penalties import LogLimiter, Penalties, PenaltyConfig, SystemClock, held_back
+from node.pki import TLS_NAME, CertificateRefused, NodeCertificates, TlsFiles
+from node.signing import RecordScreen
 from node.status import NodeStatus
 from node.transport.base import (
     INVALID_ARGUMENT_REASONS,
@@ -65,6 +78,37 @@ class GrpcTransportConfig:
     max_message_bytes: int = 64 << 20
     #: Mutual TLS material; None serves and dials plain TCP (``--insecure``).
     tls: TlsFiles | None = None
+    #: Calls one peer may hold open at once: an honest neighbour holds a delta stream, a
+    #: snapshot, a model pull and a few membership calls. With the message limit this bounds
+    #: what one peer's half-sent messages can hold of this node's memory.
+    calls_per_peer: int = 16
+    #: Of those, calls that carry models (deltas, snapshots, pulls), each up to a message of
+    #: ``max_message_bytes``: an honest neighbour has a delta stream and a snapshot open, and
+    #: briefly the next ones while a link restarts.
+    model_calls_per_peer: int = 4
+    #: Calls open at once from everyone (gRPC refuses more with RESOURCE_EXHAUSTED).
+    max_concurrent_rpcs: int = 1024
+    #: HTTP/2 streams per connection.
+    streams_per_connection: int = 64
+    #: A connection with no call for this long is closed (the peer reconnects when it needs to).
+    idle_connection_s: float = 300.0
+    #: Membership/hello/status channels kept to other nodes; one is opened for every address
+    #: this node answers or probes, so they are bounded, least recently used closed first.
+    control_channels: int = 256
+    #: A control channel unused this long is closed.
+    control_idle_s: float = 120.0
+    #: Model channels (deltas, snapshots, pulls): neighbours and recent ones.
+    bulk_channels: int = 64
+    #: Bans of callers, by certified id, for undecodable messages, messages in another node's
+    #: name, and forged member records (under TLS only: without it nothing names a caller).
+    penalties: PenaltyConfig = field(default_factory=PenaltyConfig)
+
+    def server_options(self) -> list[tuple[str, Any]]:
+        return [
+            *self.channel_options(),
+            ("grpc.max_concurrent_streams", self.streams_per_connection),
+            ("grpc.max_connection_idle_ms", int(self.idle_connection_s * 1000)),
+        ]
 
     def channel_options(self) -> list[tuple[str, Any]]:
         options: list[tuple[str, Any]] = [
@@ -92,43 +136,136 @@ def _status_code(reason: Reason) -> grpc.StatusCode:
 
 
 class _Servicer(murmur_pb2_grpc.MurmurServicer):
-    """Decodes, calls the handler, encodes; maps :class:`Rejected` to a status."""
+    """Judges the caller, decodes, calls the handler, encodes; maps :class:`Rejected` to a
+    status. Every method takes its requests as a stream, so that the caller is judged before
+    any message of its call is read."""
 
-    def __init__(self, handler: Handler, tls: bool) -> None:
-        self.handler = handler
-        self.tls = tls
-
-    def _check_sender(
-        self, context: grpc.aio.ServicerContext[Any, Any], claimed: str | None
+    def __init__(
+        self,
+        handler: Handler,
+        cfg: GrpcTransportConfig,
+        screen: Callable[[], RecordScreen | None],
     ) -> None:
-        """Under TLS: a revoked node gets nothing, and a message may only speak for the node
-        whose certificate sent it (``claimed``; None for calls that claim nobody)."""
-        if not self.tls:
-            return
-        certs = list(context.auth_context().get("x509_pem_cert") or [])
-        actual = node_id_of_cert(certs[0]) if certs else ""
-        if self.handler.is_revoked(actual):
-            err = Rejected(Reason.REVOKED, f"node {actual[:8]} is revoked in this swarm")
-            self.handler.note_rejected(err.reason, err.detail)
-            raise err
-        if claimed is not None and actual != claimed:
-            certified = actual[:8] or "absent"
-            err = Rejected(
-                Reason.IDENTITY,
-                f"the message speaks for {claimed[:8]}, the certificate is {certified}",
+        self.handler = handler
+        self.cfg = cfg
+        self.certs = NodeCertificates(cfg.tls.ca_pem) if cfg.tls is not None else None
+        self._screen = screen
+        clock = SystemClock()
+        #: Bans by certified id; public so that tests can give it a clock.
+        self.penalties = Penalties(cfg.penalties, clock)
+        self._open: Counter[str] = Counter()
+        self._log = LogLimiter(clock)
+
+    # -- who calls ----------------------------------------------------------------------------
+
+    def _refusal(self, reason: Reason, detail: str) -> Rejected:
+        self.handler.note_rejected(reason, detail)
+        return Rejected(reason, detail)
+
+    def _caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        """The certified node id of the caller under TLS (refused if its certificate is unfit,
+        it is revoked, or banned); without TLS, its connection, since nothing names it."""
+        if self.certs is None:
+            return str(context.peer())
+        pems = list(context.auth_context().get("x509_pem_cert") or [])
+        if not pems:
+            raise self._refusal(Reason.IDENTITY, "the call came without a certificate")
+        try:
+            caller = self.certs.node_id(pems[0])
+        except CertificateRefused as err:
+            raise self._refusal(Reason.CERTIFICATE, f"your certificate is refused: {err}") from None
+        if self.handler.is_revoked(caller):
+            raise self._refusal(Reason.REVOKED, f"node {caller[:8]} is revoked in this swarm")
+        ban_left_s = self.penalties.ban_left_s(caller)
+        if ban_left_s > 0:
+            raise self._refusal(
+                Reason.BANNED,
+                f"{caller[:8]} sent too many bad messages; refused for another {ban_left_s:.0f} s",
             )
-            self.handler.note_rejected(err.reason, err.detail)
+        return caller
+
+    @contextlib.contextmanager
+    def _slot(
+        self, context: grpc.aio.ServicerContext[Any, Any], model: bool = False
+    ) -> Iterator[str]:
+        """Hold one of the caller's ``calls_per_peer`` slots (and, for a call that carries a
+        model, one of its ``model_calls_per_peer``) for the length of a call."""
+        caller = self._caller(context)
+        keys = [caller, f"{caller} model"] if model else [caller]
+        limits = [self.cfg.calls_per_peer, self.cfg.model_calls_per_peer]
+        for key, limit in zip(keys, limits, strict=False):
+            if self._open[key] >= limit:
+                raise self._refusal(
+                    Reason.RATE_LIMITED, f"more than {limit} calls open at once from {caller[:8]}"
+                )
+        for key in keys:
+            self._open[key] += 1
+        try:
+            yield caller
+        finally:
+            for key in keys:
+                self._open[key] -= 1
+                if not self._open[key]:
+                    del self._open[key]
+
+    def _penalise(self, caller: str, reason: Reason) -> None:
+        """Count a bad message against a certified caller (under TLS only)."""
+        if self.certs is None:
+            return
+        ban_s = self.penalties.note_refusal(caller, reason)
+        if ban_s and (held := self._log.allow(caller)) is not None:
+            log.warning(
+                "%s keeps sending bad messages (last: %s); refusing it for %.0f s%s",
+                caller[:8],
+                reason,
+                ban_s,
+                held_back(held),
+            )
+
+    def _check_claim(self, caller: str, claimed: str) -> None:
+        """Under TLS a message may only speak for the node whose certificate sent it."""
+        if self.certs is not None and claimed != caller:
+            err = self._refusal(
+                Reason.IDENTITY,
+                f"the message speaks for {claimed[:8]}, the certificate is {caller[:8]}",
+            )
+            self._penalise(caller, err.reason)
             raise err
 
-    def _decode(self, decode: Callable[[M], D], raw: M) -> D:
-        """Decode a message; a malformed one is counted before it is refused."""
+    # -- messages -----------------------------------------------------------------------------
+
+    async def _first(self, requests: AsyncIterator[Any], what: str) -> Any:
+        try:
+            return await anext(aiter(requests))
+        except StopAsyncIteration:
+            return Undecodable(what, 0)
+
+    def _decode(self, decode: Callable[[M], D], raw: M, caller: str) -> D:
+        """Decode a message; a malformed one is counted (and held against the caller) before
+        it is refused."""
         try:
             if isinstance(raw, Undecodable):
                 raise Rejected(Reason.MALFORMED, f"{raw.nbytes} bytes that are not a {raw.what}")
             return decode(raw)
         except Rejected as err:
             self.handler.note_rejected(err.reason, err.detail)
+            self._penalise(caller, err.reason)
             raise
+
+    async def _screened(
+        self, caller: str, records: Sequence[MemberRecord]
+    ) -> tuple[MemberRecord, ...]:
+        """The records worth handing on, checked off the event loop within the caller's budget
+        (all of them, unchecked, without a screen: the in-memory transport's way)."""
+        screen = self._screen()
+        if screen is None or not records:
+            return tuple(records)
+        result = await screen.screen(caller, records, skip=self.handler.is_revoked)
+        for _ in range(result.over_budget):
+            self.handler.note_rejected(Reason.OVER_BUDGET, f"records from {caller[:8]}")
+        if result.blamed:
+            self._penalise(caller, Reason.UNADMITTED)
+        return result.records
 
     async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], err: Rejected) -> None:
         await context.abort(
@@ -138,23 +275,32 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
         )
 
     async def Hello(  # noqa: N802 (gRPC method names)
-        self, request: wire.pb.Hello, context: grpc.aio.ServicerContext[Any, Any]
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> wire.pb.Hello:
         try:
-            hello = self._decode(wire.hello_from_pb, request)
-            self._check_sender(context, hello.self_.node_id)
-            return wire.hello_to_pb(await self.handler.rpc_hello(hello))
+            with self._slot(context) as caller:
+                raw = await self._first(requests, "Hello")
+                hello = self._decode(wire.hello_from_pb, raw, caller)
+                self._check_claim(caller, hello.self_.node_id)
+                if not await self._screened(caller, [hello.self_]):
+                    raise self._refusal(
+                        Reason.RATE_LIMITED, "you sent more member records than this node checks"
+                    )
+                hello = replace(hello, members=await self._screened(caller, hello.members))
+                return wire.hello_to_pb(await self.handler.rpc_hello(hello))
         except Rejected as err:
             await self._refuse(context, err)
             raise AssertionError("abort returned") from err
 
     async def PushDelta(  # noqa: N802
-        self, request: wire.pb.Delta, context: grpc.aio.ServicerContext[Any, Any]
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> wire.pb.DeltaAck:
         try:
-            delta = self._decode(wire.delta_from_pb, request)
-            self._check_sender(context, delta.sender)
-            return wire.pb.DeltaAck(replica_seq=await self.handler.rpc_push_delta(delta))
+            with self._slot(context, model=True) as caller:
+                raw = await self._first(requests, "Delta")
+                delta = self._decode(wire.delta_from_pb, raw, caller)
+                self._check_claim(caller, delta.sender)
+                return wire.pb.DeltaAck(replica_seq=await self.handler.rpc_push_delta(delta))
         except Rejected as err:
             await self._refuse(context, err)
             raise AssertionError("abort returned") from err
@@ -165,10 +311,11 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[wire.pb.DeltaAck]:
         try:
-            async for request in request_iterator:
-                delta = self._decode(wire.delta_from_pb, request)
-                self._check_sender(context, delta.sender)
-                yield wire.pb.DeltaAck(replica_seq=await self.handler.rpc_push_delta(delta))
+            with self._slot(context, model=True) as caller:
+                async for request in request_iterator:
+                    delta = self._decode(wire.delta_from_pb, request, caller)
+                    self._check_claim(caller, delta.sender)
+                    yield wire.pb.DeltaAck(replica_seq=await self.handler.rpc_push_delta(delta))
         except Rejected as err:
             await self._refuse(context, err)
             raise AssertionError("abort returned") from err
@@ -179,61 +326,64 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> wire.pb.SnapshotAck:
         try:
-            try:
-                first = await anext(aiter(request_iterator))
-            except StopAsyncIteration:
-                err = Rejected(Reason.MALFORMED, "empty snapshot stream")
-                self.handler.note_rejected(err.reason, err.detail)
-                raise err from None
-            header, chunk0 = self._decode(wire.snapshot_chunk_from_pb, first)
-            self._check_sender(context, header.sender)
+            with self._slot(context, model=True) as caller:
+                try:
+                    first = await anext(aiter(request_iterator))
+                except StopAsyncIteration:
+                    raise self._refusal(Reason.MALFORMED, "empty snapshot stream") from None
+                header, chunk0 = self._decode(wire.snapshot_chunk_from_pb, first, caller)
+                self._check_claim(caller, header.sender)
 
-            async def chunks() -> AsyncIterator[SnapshotChunk]:
-                yield chunk0
-                async for raw in request_iterator:
-                    h, chunk = self._decode(wire.snapshot_chunk_from_pb, raw)
-                    if h != header:
-                        err = Rejected(Reason.MALFORMED, "snapshot chunks disagree on a header")
-                        self.handler.note_rejected(err.reason, err.detail)
-                        raise err
-                    yield chunk
+                async def chunks() -> AsyncIterator[SnapshotChunk]:
+                    yield chunk0
+                    async for raw in request_iterator:
+                        h, chunk = self._decode(wire.snapshot_chunk_from_pb, raw, caller)
+                        if h != header:
+                            raise self._refusal(
+                                Reason.MALFORMED, "snapshot chunks disagree on a header"
+                            )
+                        yield chunk
 
-            seq = await self.handler.rpc_push_snapshot(header, chunks())
-            return wire.pb.SnapshotAck(replica_seq=seq)
+                seq = await self.handler.rpc_push_snapshot(header, chunks())
+                return wire.pb.SnapshotAck(replica_seq=seq)
         except Rejected as err:
             await self._refuse(context, err)
             raise AssertionError("abort returned") from err
 
     async def Status(  # noqa: N802
-        self, request: wire.pb.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> wire.pb.NodeStatus:
         try:
-            self._check_sender(context, None)
+            with self._slot(context):
+                return wire.status_to_pb(await self.handler.rpc_status())
         except Rejected as err:
             await self._refuse(context, err)
             raise AssertionError("abort returned") from err
-        return wire.status_to_pb(await self.handler.rpc_status())
 
     async def Swim(  # noqa: N802
-        self, request: wire.pb.SwimMessage, context: grpc.aio.ServicerContext[Any, Any]
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> wire.pb.SwimReply:
         try:
-            version, message = self._decode(wire.swim_from_pb, request)
-            self._check_sender(context, message.sender)
-            return wire.pb.SwimReply(node_id=await self.handler.rpc_swim(version, message))
+            with self._slot(context) as caller:
+                raw = await self._first(requests, "SwimMessage")
+                version, message = self._decode(wire.swim_from_pb, raw, caller)
+                self._check_claim(caller, message.sender)
+                message = replace(message, updates=await self._screened(caller, message.updates))
+                return wire.pb.SwimReply(node_id=await self.handler.rpc_swim(version, message))
         except Rejected as err:
             await self._refuse(context, err)
             raise AssertionError("abort returned") from err
 
     async def PullModel(  # noqa: N802
-        self, request: wire.pb.PullModelRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[wire.pb.ModelChunk]:
         try:
-            self._check_sender(context, None)
-            request = self._decode(lambda r: r, request)
-            chunks = self.handler.rpc_pull_model(request.protocol_version, request.requester)
-            async for chunk in chunks:
-                yield wire.model_chunk_to_pb(chunk)
+            with self._slot(context, model=True) as caller:
+                raw = await self._first(requests, "PullModelRequest")
+                request = self._decode(lambda r: r, raw, caller)
+                chunks = self.handler.rpc_pull_model(request.protocol_version, request.requester)
+                async for chunk in chunks:
+                    yield wire.model_chunk_to_pb(chunk)
         except Rejected as err:
             await self._refuse(context, err)
             raise AssertionError("abort returned") from err
@@ -272,11 +422,12 @@ def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
             response_serializer=response.SerializeToString,
         )
 
+    # Unary requests are taken as streams (the bytes on the wire are the same), so that the
+    # servicer runs, and judges the caller, before the request's message is read.
+    unary_in = grpc.stream_unary_rpc_method_handler
     handlers = {
-        "Hello": handler(grpc.unary_unary_rpc_method_handler, servicer.Hello, pb.Hello, pb.Hello),
-        "PushDelta": handler(
-            grpc.unary_unary_rpc_method_handler, servicer.PushDelta, pb.Delta, pb.DeltaAck
-        ),
+        "Hello": handler(unary_in, servicer.Hello, pb.Hello, pb.Hello),
+        "PushDelta": handler(unary_in, servicer.PushDelta, pb.Delta, pb.DeltaAck),
         "StreamDeltas": handler(
             grpc.stream_stream_rpc_method_handler, servicer.StreamDeltas, pb.Delta, pb.DeltaAck
         ),
@@ -286,14 +437,10 @@ def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
             pb.SnapshotChunk,
             pb.SnapshotAck,
         ),
-        "Status": handler(
-            grpc.unary_unary_rpc_method_handler, servicer.Status, pb.StatusRequest, pb.NodeStatus
-        ),
-        "Swim": handler(
-            grpc.unary_unary_rpc_method_handler, servicer.Swim, pb.SwimMessage, pb.SwimReply
-        ),
+        "Status": handler(unary_in, servicer.Status, pb.StatusRequest, pb.NodeStatus),
+        "Swim": handler(unary_in, servicer.Swim, pb.SwimMessage, pb.SwimReply),
         "PullModel": handler(
-            grpc.unary_stream_rpc_method_handler,
+            grpc.stream_stream_rpc_method_handler,
             servicer.PullModel,
             pb.PullModelRequest,
             pb.ModelChunk,
@@ -353,20 +500,50 @@ class GrpcDeltaStream:
         self._call.cancel()
 
 
+@dataclass
+class _Channel:
+    channel: grpc.aio.Channel
+    stub: murmur_pb2_grpc.MurmurStub
+    used: float
+
+
 class GrpcTransport:
     """gRPC with mutual TLS (``cfg.tls``), or over plain TCP without it."""
 
     def __init__(self, cfg: GrpcTransportConfig | None = None) -> None:
         self.cfg = cfg or GrpcTransportConfig()
         self._server: grpc.aio.Server | None = None
-        self._channels: dict[str, tuple[grpc.aio.Channel, murmur_pb2_grpc.MurmurStub]] = {}
-        #: Closes of channels replaced after a failure (held so that they run to the end).
+        self._servicer: _Servicer | None = None
+        # Per lane, least recently used first.
+        self._channels: dict[str, OrderedDict[str, _Channel]] = {
+            "bulk": OrderedDict(),
+            "control": OrderedDict(),
+        }
+        #: Closes of channels replaced or let go (held so that they run to the end).
         self._closing: set[asyncio.Future[None]] = set()
+        #: Checks member records before the handler sees them (set by the node; see
+        #: :class:`node.signing.RecordScreen`); None hands them on as they came.
+        self.screen: RecordScreen | None = None
+
+    @property
+    def penalties(self) -> Penalties | None:
+        """The bans of callers by certified id, once serving."""
+        return self._servicer.penalties if self._servicer is not None else None
+
+    def open_calls(self, caller: str) -> int:
+        """Calls open now from ``caller`` (its certified id under TLS)."""
+        return self._servicer._open.get(caller, 0) if self._servicer is not None else 0
+
+    def channel_count(self) -> int:
+        return sum(len(lane) for lane in self._channels.values())
 
     async def serve(self, handler: Handler, listen: str) -> str:
-        server = grpc.aio.server(options=self.cfg.channel_options())
+        server = grpc.aio.server(
+            options=self.cfg.server_options(),
+            maximum_concurrent_rpcs=self.cfg.max_concurrent_rpcs,
+        )
         tls = self.cfg.tls
-        servicer = _Servicer(handler, tls is not None)
+        servicer = _Servicer(handler, self.cfg, lambda: self.screen)
         _add_servicer(servicer, server)
         host = listen.rsplit(":", 1)[0]
         try:
@@ -383,6 +560,7 @@ class GrpcTransport:
             raise OSError(f"cannot listen on {listen}: {exc}") from exc
         await server.start()
         self._server = server
+        self._servicer = servicer
         if tls is None:
             log.warning(
                 "serving on %s:%d over plain TCP (--insecure): no encryption, no authentication "
@@ -392,19 +570,29 @@ class GrpcTransport:
             )
         return f"{host}:{port}"
 
+    def _let_go(self, entry: _Channel) -> None:
+        self._closing.add(asyncio.ensure_future(entry.channel.close()))
+        self._closing = {t for t in self._closing if not t.done()}
+
     def _stub(self, address: str, lane: str = "bulk") -> murmur_pb2_grpc.MurmurStub:
         """The stub for ``address`` on one of two connections: ``bulk`` carries models (deltas,
         snapshots, pulls), ``control`` the small, deadline-bound calls (membership pings, hellos,
         status). On a slow link a ping on the bulk connection would wait behind megabytes of
-        model in its socket buffer and time out: a false suspicion."""
-        key = f"{lane} {address}"
-        entry = self._channels.get(key)
-        if entry is not None and entry[0].get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+        model in its socket buffer and time out: a false suspicion.
+
+        Channels are bounded per lane (least recently used closed first), and control channels
+        unused for ``control_idle_s`` are closed: a node answers and probes any address it is
+        given, and would otherwise keep a channel to each for good. Bulk channels carry
+        long-lived delta streams, so only the bound applies to them."""
+        channels = self._channels[lane]
+        now = time.monotonic()
+        entry = channels.pop(address, None)
+        failed = grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        if entry is not None and entry.channel.get_state() == failed:
             # The peer was unreachable, and the channel would fail every call at once until its
             # reconnect back-off (up to minutes) ran out, even once the peer is back at the same
             # address, as a restarted device or container is. A new channel tries now.
-            self._closing.add(asyncio.ensure_future(entry[0].close()))
-            self._closing = {t for t in self._closing if not t.done()}
+            self._let_go(entry)
             entry = None
         if entry is None:
             # A channel pool of its own, so that the two lanes never share a connection.
@@ -415,9 +603,20 @@ class GrpcTransport:
             else:
                 creds = grpc.ssl_channel_credentials(tls.ca_pem, tls.key_pem, tls.cert_pem)
                 channel = grpc.aio.secure_channel(address, creds, options=options)
-            entry = (channel, murmur_pb2_grpc.MurmurStub(channel))  # type: ignore[no-untyped-call]
-            self._channels[key] = entry
-        return entry[1]
+            stub = murmur_pb2_grpc.MurmurStub(channel)  # type: ignore[no-untyped-call]
+            entry = _Channel(channel, stub, now)
+        entry.used = now
+        channels[address] = entry  # most recently used last
+        limit = self.cfg.control_channels if lane == "control" else self.cfg.bulk_channels
+        while len(channels) > limit:
+            self._let_go(channels.popitem(last=False)[1])
+        if lane == "control":
+            while channels:
+                oldest = next(iter(channels.values()))
+                if now - oldest.used <= self.cfg.control_idle_s:
+                    break
+                self._let_go(channels.popitem(last=False)[1])
+        return entry.stub
 
     async def call_hello(self, address: str, hello: Hello, timeout_s: float) -> Hello:
         try:
@@ -425,7 +624,12 @@ class GrpcTransport:
             reply = await stub.Hello(wire.hello_to_pb(hello), timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
             raise _map_error(address, err) from None
-        return wire.hello_from_pb(reply)
+        answer = wire.hello_from_pb(reply)
+        if self.screen is not None:
+            # Asked for, so not held to a budget; but checked off the event loop all the same.
+            records = (answer.self_, *answer.members)
+            await self.screen.screen(address, records, budgeted=False)
+        return answer
 
     async def call_push_delta(self, address: str, delta: Delta, timeout_s: float) -> int:
         try:
@@ -484,7 +688,9 @@ class GrpcTransport:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
-        channels, self._channels = self._channels, {}
-        for channel, _ in channels.values():
-            await channel.close()
+        for lane in self._channels.values():
+            while lane:
+                await lane.popitem()[1].channel.close()
         await asyncio.gather(*self._closing)
+        if self.screen is not None:
+            await asyncio.to_thread(self.screen.close)

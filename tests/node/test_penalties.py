@@ -52,6 +52,8 @@ def test_every_reason_that_says_the_message_is_bad_counts() -> None:
         Reason.IDENTITY,
         Reason.FINGERPRINT,
         Reason.PROTOCOL_VERSION,
+        Reason.UNADMITTED,
+        Reason.IMPLAUSIBLE,
     } == COUNTED_REASONS
     p = Penalties(CFG, ManualClock())
     for reason in sorted(COUNTED_REASONS)[:3]:

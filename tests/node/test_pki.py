@@ -115,6 +115,7 @@ def test_a_key_of_another_kind_is_refused_with_what_to_do(tmp_path: Path) -> Non
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     (tmp_path / KEY_FILE).write_bytes(pem)
+    (tmp_path / KEY_FILE).chmod(0o600)
     with pytest.raises(ValueError, match=r"Ed25519.*remove the file.*another state dir"):
         load_or_create_identity(tmp_path)
 
