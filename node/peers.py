@@ -84,6 +84,7 @@ class Peers:
         # every few seconds; an honest source sends the same list again, which costs nothing.
         self._revocation_rate = RateLimiter(RateConfig(rate=0.2, burst=3), clock)
         self._revocation_log = LogLimiter(clock)
+        self._callback_log = LogLimiter(clock)
         if signing is not None:
             self.swim.sign, self.swim.public_key, verify = signing
             # A revoked node's records are refused, so it cannot come back into any view.
@@ -205,15 +206,25 @@ class Peers:
             callback_s = self.cfg.call_timeout_s / 2
             answered = await self.membership.check_address(joiner.address, callback_s)
         except (Unreachable, Rejected) as err:
-            raise Rejected(
-                Reason.BAD_ADDRESS,
-                f"nobody answers at your address {joiner.address} ({err}); "
-                "set --advertise to an address others can dial",
-            ) from err
+            answered = ""
+            why = str(err)
+        else:
+            why = f"node {answered[:8]} answers there"
         if answered != joiner.node_id:
+            # One answer whatever went wrong: the call-back's own error (refused, reset, timed
+            # out, someone else answers) would make this node a port scanner for any member.
+            if (held := self._callback_log.allow(joiner.node_id)) is not None:
+                log.info(
+                    "joiner %s not at %s: %s%s",
+                    joiner.node_id[:8],
+                    joiner.address,
+                    why,
+                    held_back(held),
+                )
             raise Rejected(
                 Reason.BAD_ADDRESS,
-                f"another node ({answered[:8]}) answers at your address {joiner.address}",
+                f"nobody answers as {joiner.node_id[:8]} at your address {joiner.address}; "
+                "set --advertise to an address others can dial",
             )
         self.membership.merge([joiner, *hello.members])
         await self.membership.settle()
