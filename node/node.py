@@ -43,7 +43,7 @@ from gossip.codecs import get_codec
 from gossip.messages import Delta, TaskFingerprint
 from gossip.mixing import RoundPacer
 from gossip.outer import OuterNesterov
-from gossip.replicas import GossipState
+from gossip.replicas import GossipState, UpdateGuard, agreeing_pair, relative_distance
 from node.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
@@ -85,7 +85,9 @@ log = logging.getLogger(__name__)
 Ts = TypeVarTuple("Ts")
 
 SUMMARY_FILE = "summary.json"
-#: How often a node looks for a new revocation list in its TLS dir.
+#: Models a joiner pulls at most, looking for two that agree.
+MAX_PULLS = 3
+#: How often a node looks for a new revocation list in its state dir.
 REVOCATIONS_POLL_S = 2.0
 METRICS_FILE = "metrics.jsonl"
 
@@ -153,6 +155,8 @@ class Node:
             clock,
             rounding,
             session=random.getrandbits(62),
+            # With robust mixing a snapshot must also agree with a second member.
+            guard=UpdateGuard(consistency=1.0 if g.robust else None),
         )
         if resume is not None:
             self.state.public.copy_(resume.public)
@@ -371,18 +375,30 @@ class Node:
             log.warning("could not join %s, announced on the MQTT broker: %s", node_id[:8], err)
 
     async def _pull_model(self, helper: str) -> None:
-        """Start from the swarm's current model: pull it from a neighbour (or, failing that,
-        from a node we joined through), chunk by chunk, into one buffer.
+        """Start from the swarm's current model: pull it from the node we joined through and
+        from neighbours (then other members), chunk by chunk, each into a buffer of its own, and
+        adopt one only once a second member's model agrees with it (``agreeing_pair``).
 
-        The node's own model is replaced only once the whole model has arrived and checked, so
-        a transfer that fails half way changes nothing; training then starts from the initial
-        model, which costs time but loses nothing.
+        A member that serves a poisoned model (1e38 everywhere, a scaled copy) is outvoted: the
+        joiner pulls from another member until two agree, at most ``MAX_PULLS`` in all. With no
+        second member to ask (a swarm of one), the one model is adopted if it is plausible
+        beside the node's own initial model (``UpdateGuard``), as a snapshot would be. The
+        node's own model is replaced only by a whole model that passed, so a transfer that fails
+        or is refused changes nothing; training then starts from the initial model, which costs
+        time but loses nothing.
         """
         neighbours = [m.address for m in map(self.peers.view.get, self._neighbour_ids()) if m]
+        others = [m.address for m in self.peers.view.members if m.node_id != self.node_id]
         random.shuffle(neighbours)
+        random.shuffle(others)
+        # The helper first: it answered a moment ago.
+        candidates = list(dict.fromkeys([helper, *neighbours, *others]))
         numel = self.flat.numel
-        for address in [*neighbours, helper]:
-            started = time.monotonic()
+        pulled: list[tuple[str, torch.Tensor, int]] = []
+        started = time.monotonic()
+        for address in candidates:
+            if len(pulled) >= MAX_PULLS:
+                break
             timeout_s = transfer_timeout_s(self.cfg.gossip.call_timeout_s, 4 * numel)
             chunks = self.transport.call_pull_model(address, self.node_id, timeout_s)
             try:
@@ -390,18 +406,46 @@ class Node:
             except (Rejected, Unreachable) as err:
                 log.warning("could not pull the model from %s: %s", address, err)
                 continue
-            await self.gossiper.adopt(buffer.to(self.device), random.getrandbits(62))
-            log.info(
-                "started from the model of %s (its step %d): %.1f MB in %.2f s",
-                address,
-                step,
-                4 * numel / 1e6,
-                time.monotonic() - started,
+            pulled.append((address, buffer, step))
+            pair = agreeing_pair([b for _, b, _ in pulled])
+            if pair is not None:
+                (source, values, step), (second, _, _) = pulled[pair[0]], pulled[pair[1]]
+                for address_, _, _ in pulled:
+                    if address_ not in (source, second):
+                        log.warning("the model pulled from %s agrees with no other", address_)
+                await self._adopt_pulled(values, source, step, started, agreed_with=second)
+                return
+        if len(pulled) == 1 and len(candidates) == 1:  # no second member to ask
+            source, values, step = pulled[0]
+            initial = self.flat.flat.detach().cpu()
+            guard = self.state.guard or UpdateGuard()
+            if relative_distance(values, initial, guard.floor_rms) <= guard.max_distance:
+                await self._adopt_pulled(values, source, step, started, agreed_with=None)
+                return
+        self.counters.rejected[str(Reason.IMPLAUSIBLE)] += len(pulled)
+        log.warning(
+            "could not pull a model that a second member's agrees with (%d pulled of %d "
+            "members asked); starting from the initial one",
+            len(pulled),
+            len(candidates),
+        )
+
+    async def _adopt_pulled(
+        self, values: torch.Tensor, source: str, step: int, started: float, agreed_with: str | None
+    ) -> None:
+        await self.gossiper.adopt(values.to(self.device), random.getrandbits(62))
+        log.info(
+            "started from the model of %s (its step %d%s): %.1f MB in %.2f s",
+            source,
+            step,
+            f"; {agreed_with}'s agrees" if agreed_with else "",
+            4 * values.numel() / 1e6,
+            time.monotonic() - started,
+        )
+        if self.metrics is not None:
+            self.metrics.write(
+                "pulled_model", source=source, source_step=step, agreed_with=agreed_with
             )
-            if self.metrics is not None:
-                self.metrics.write("pulled_model", source=address, source_step=step)
-            return
-        log.warning("could not pull the swarm's model from anyone; starting from the initial one")
 
     def _neighbour_ids(self) -> list[str]:
         g = self.cfg.gossip

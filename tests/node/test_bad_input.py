@@ -116,6 +116,17 @@ def non_finite(d: pb.Delta) -> pb.Delta:
     return _with(d, payload_scales=struct.pack("<f", math.nan) + d.payload.scales[4:])
 
 
+def maximal(d: pb.Delta) -> pb.Delta:
+    """Every value as large as int8 codes with a huge (finite) scale make it: no overflow, but a
+    replica moved absurdly far."""
+    blocks = len(d.payload.scales) // 4
+    return _with(
+        d,
+        payload_scales=struct.pack("<f", 1e30) * blocks,
+        payload_data=b"\x7f" * len(d.payload.data),
+    )
+
+
 def unknown_sender(d: pb.Delta) -> pb.Delta:
     return _with(d, sender="e" * 32)
 
@@ -149,6 +160,7 @@ CASES: list[tuple[Callable[[pb.Delta], pb.Delta], grpc.StatusCode, str]] = [
     (wrong_block_count, INVALID, "bad_payload"),
     (wrong_block_size, INVALID, "bad_payload"),
     (non_finite, INVALID, "non_finite"),
+    (maximal, PRECONDITION, "implausible"),
     (no_payload, INVALID, "malformed"),
     (bad_sender_id, INVALID, "malformed"),
     (unknown_sender, PRECONDITION, "unknown_sender"),
