@@ -165,7 +165,14 @@ def _add_run_parser(sub: Any) -> None:
         "--metrics-host",
         dest="metrics_host",
         default=s,
-        help="address the metrics server binds (default 0.0.0.0)",
+        help="address the metrics server binds (default: the --listen host; loopback for 0.0.0.0)",
+    )
+    p.add_argument(
+        "--metrics-tls",
+        dest="metrics_tls",
+        action="store_true",
+        default=s,
+        help="serve /metrics over HTTPS, only to clients with a certificate of the swarm's CA",
     )
     p.add_argument(
         "--swim-period",

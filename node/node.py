@@ -57,10 +57,10 @@ from node.flat import FlatParams
 from node.gossiper import Gossiper, NeighbourView
 from node.identity import Identity, load_or_create_identity, write_atomic
 from node.links import transfer_timeout_s
-from node.metrics import MetricsServer
+from node.metrics import MetricsServer, MetricsTls, metrics_host
 from node.mqtt import MqttBridge
 from node.peers import JoinError, Peers
-from node.pki import load_tls
+from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, load_tls
 from node.revocation import REVOKED_FILE, Revocations, read_revocations_file
 from node.service import NodeService
 from node.signing import (
@@ -295,8 +295,13 @@ class Node:
         self.peers.set_address(self.address)
         self.peers.membership.start()
         if self.cfg.metrics_port is not None:
+            key_dir = self.cfg.tls_dir or self.cfg.state_dir
+            tls = MetricsTls(key_dir / CERT_FILE, key_dir / KEY_FILE, key_dir / CA_CERT_FILE)
             self.metrics_server = MetricsServer.start(
-                self.status, self.cfg.metrics_host, self.cfg.metrics_port
+                self.status,
+                self.cfg.metrics_host or metrics_host(self.cfg.listen),
+                self.cfg.metrics_port,
+                tls if self.cfg.metrics_tls else None,
             )
         self.metrics = MetricsLog(self.cfg.state_dir / METRICS_FILE)
         self.metrics.write("start", node_id=self.node_id, address=self.address)
