@@ -250,8 +250,8 @@ class RecordScreen:
         for record in records:
             if skip(record.node_id) or self.verifier.verdict(record) is not None:
                 keep.append(record)
-            elif budgeted and not self._budget.allow(peer):
-                over += 1
+            elif over or (budgeted and not self._budget.allow(peer)):
+                over += 1  # once the budget is spent, it stays spent for this batch
             else:
                 keep.append(record)
                 work.append(record)

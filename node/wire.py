@@ -46,8 +46,8 @@ MAX_ADDRESS_CHARS = 255
 #: size limit (set from the model) usually bites first.
 MAX_MEMBERS = 4096
 #: Updates a membership message may carry: an honest one carries its sender's record, the
-#: receiver's if it is suspect, and ``max_piggyback`` (8) updates.
-MAX_SWIM_UPDATES = 64
+#: receiver's if it is suspect, and ``max_piggyback`` (8 unless configured) updates.
+MAX_SWIM_UPDATES = 32
 MAX_PARAMS = 100_000
 MAX_NUMEL = 1 << 40
 MAX_PUBLIC_KEY_BYTES = 128  # an ECDSA P-256 key in DER is 91 bytes

@@ -204,7 +204,7 @@ async def test_an_insider_speaks_for_itself_only_and_is_banned_for_forgeries(liv
     node = live.node
     try:
         sybils = tuple(
-            signed_record(fixed_identity(200 + i), f"127.0.0.1:{7100 + i}") for i in range(40)
+            signed_record(fixed_identity(200 + i), f"127.0.0.1:{7100 + i}") for i in range(30)
         )
         pasted = tuple(
             dataclasses.replace(r, certificate=certificate_der(mallory.tls.cert_pem))
