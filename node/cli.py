@@ -22,7 +22,7 @@ from node.status import format_status, status_to_json
 from node.trainer import TrainerConfig
 from node.transport.base import Rejected, Unreachable
 
-__all__ = ["main"]
+__all__ = ["build_node_config", "main", "make_parser"]
 
 log = logging.getLogger("murmur")
 
@@ -414,7 +414,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def build_node_config(args: argparse.Namespace) -> NodeConfig:
     """Config file values, overridden by the flags that were given."""
     values: dict[str, Any] = load_config_file(args.config) if args.config else {}
-    values.update({k: v for k, v in vars(args).items() if k not in ("config", "func", "command")})
+    values.update(
+        {k: v for k, v in vars(args).items() if k not in ("config", "func", "command", "log_level")}
+    )
     if "shard" in values:
         values["shard_index"], values["shard_count"] = values.pop("shard")
     sections: dict[str, dict[str, Any]] = {"trainer": {}, "gossip": {}, "membership": {}}
@@ -470,6 +472,8 @@ async def _serve(cfg: NodeConfig) -> int:
 
     async def announce_trained() -> None:
         await node.training_finished.wait()
+        if node.trainer.error is not None:  # it failed (diverged, say): nothing was trained
+            return
         ev = node.trainer.last_eval
         print(
             json.dumps(
@@ -666,7 +670,8 @@ def _cmd_ca_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+    """The ``murmur`` command line (for :func:`main`, and for checking a command line)."""
     parser = argparse.ArgumentParser(
         prog="murmur", description="Peer-to-peer training by compressed gossip."
     )
@@ -679,7 +684,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_report_parser(sub)
     _add_monitor_parser(sub)
     _add_ca_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -6,13 +6,17 @@ Usage::
     async with node:
         await node.wait_failed()   # or until a signal
 
-Start-up: resume from the state dir's checkpoint if there is one; serve; introduce ourselves
-through the join addresses (or, on a resume without them, through the members the checkpoint
-remembers; or, with MQTT discovery, through the members announced on the broker), which checks
-the task fingerprint and brings the member list; a fresh joiner then pulls the current model
-from a neighbour so that it starts near consensus; links to the neighbours open, and training
-starts once enough members are known. From then on SWIM keeps the member view current, and the
-neighbours follow it.
+Start-up: resume from the state dir's newest usable checkpoint if there is one (a damaged one
+is moved aside, see node/checkpoint.py); serve; introduce ourselves through the members the
+checkpoint remembers, then the join addresses, then the members announced on the MQTT broker
+(with discovery), which checks the task fingerprint and brings the member list; a fresh joiner
+then pulls the current model from a neighbour so that it starts near consensus; links to the
+neighbours open, and training starts once enough members are known. From then on SWIM keeps
+the member view current, and the neighbours follow it.
+
+A node that never started training (its start failed, or it was stopped while waiting) writes
+no checkpoint, and a node whose training diverged keeps its last finite one: what is on disk is
+always a state worth resuming from.
 
 Gossip rounds follow the trainer's steps (at least ``local_steps`` apart, and only when the
 links have carried the previous round) and, once the step budget is spent, a slow timer, so
@@ -40,15 +44,18 @@ from typing import Any, TypeVarTuple
 import torch
 
 from gossip.codecs import get_codec
-from gossip.messages import Delta, TaskFingerprint
+from gossip.messages import Delta, ParamSpec, TaskFingerprint
 from gossip.mixing import RoundPacer
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState, UpdateGuard, agreeing_pair, relative_distance
 from node.checkpoint import (
     CHECKPOINT_FILE,
+    PREVIOUS_FILE,
     Checkpoint,
     atomic_write,
-    load_checkpoint,
+    check_fits,
+    remove_stale_temp_files,
+    restore_latest,
     save_checkpoint,
 )
 from node.config import NodeConfig
@@ -72,8 +79,8 @@ from node.signing import (
 )
 from node.status import NeighbourStatus, NodeStatus, status_to_json, summarise_members
 from node.tasks.base import Shard, Task, load_task
-from node.telemetry import Counters, MetricsLog
-from node.trainer import EvalResult, Trainer
+from node.telemetry import Counters, MetricsLog, json_safe
+from node.trainer import Diverged, EvalResult, Rollback, Trainer
 from node.transfer import receive_model
 from node.transport.base import Reason, Rejected, Transport, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
@@ -90,6 +97,10 @@ MAX_PULLS = 3
 #: How often a node looks for a new revocation list in its state dir.
 REVOCATIONS_POLL_S = 2.0
 METRICS_FILE = "metrics.jsonl"
+#: How long the members a checkpoint remembers get to answer when join addresses or the broker
+#: come after them: a live member answers within a round trip (an answer under way may take up
+#: to the call timeout), and dead ones must not hold up the rest for long.
+REJOIN_TIMEOUT_S = 5.0
 
 
 class MonotonicClock:
@@ -127,6 +138,7 @@ class Node:
         clock: MonotonicClock,
         resume: Checkpoint | None = None,
         ca_pem: bytes | None = None,
+        resume_path: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.identity = identity
@@ -140,13 +152,10 @@ class Node:
         self.fingerprint = TaskFingerprint(self.flat.specs, g.codec, g.block_size)
         self.resumed = resume
         if resume is not None:
-            _check_resumable(resume, self.fingerprint, cfg)
+            resume_path = resume_path or cfg.state_dir / CHECKPOINT_FILE
+            _check_resumable(resume, self.fingerprint, cfg, resume_path)
             task.model.load_state_dict(resume.model)
-            log.info(
-                "resuming from %s at step %d",
-                cfg.state_dir / CHECKPOINT_FILE,
-                int(resume.meta["step"]),
-            )
+            log.info("resuming from %s at step %d", resume_path, int(resume.meta["step"]))
         self.model_lock = threading.Lock()
         rounding = torch.Generator(device=device).manual_seed(random.getrandbits(62))
         self.state = GossipState(
@@ -183,6 +192,7 @@ class Node:
             on_eval=self._on_loop(self._on_eval),
             on_done=self._on_loop(self._on_training_done),
             start_step=int(resume.meta["step"]) if resume else 0,
+            on_rollback=self._on_loop(self._rolled_back),
         )
         if resume is not None and resume.optimizer is not None:
             self.trainer.optimizer.load_state_dict(dict(resume.optimizer))
@@ -229,6 +239,7 @@ class Node:
         self._stopped = False
         self._checkpoint_lock = threading.Lock()
         self._final_written = False
+        self._save_failing = False  # a write failed (a full disk): warn once, not every time
 
     @classmethod
     async def create(
@@ -259,11 +270,10 @@ class Node:
             g = cfg.gossip
             limit = _max_message_bytes(numel, g.codec, g.block_size)
             transport = GrpcTransport(GrpcTransportConfig(limit, tls))
-        path = cfg.state_dir / CHECKPOINT_FILE
-        resume = await asyncio.to_thread(load_checkpoint, path) if path.exists() else None
+        resume, resume_path = await asyncio.to_thread(_restore, cfg, task)
         ca_pem = tls.ca_pem if tls else None
         clock = clock or MonotonicClock()
-        node = cls(cfg, identity, task, device, transport, clock, resume, ca_pem)
+        node = cls(cfg, identity, task, device, transport, clock, resume, ca_pem, resume_path)
         if tls is not None:  # the CA's proof of this node's id rides on its member records
             node.peers.swim.certificate = certificate_der(tls.cert_pem)
         return node
@@ -321,13 +331,7 @@ class Node:
                 mqtt, self.node_id, self.address, self.status, self._join_announced
             )
             self.mqtt.start()
-        helper: str | None = None
-        if self.cfg.join:
-            helper = await self.peers.join(self.cfg.join, self.cfg.wait_timeout_s)
-        elif self.resumed is not None:
-            helper = await self._rejoin(self.resumed)
-        elif self.mqtt is not None and self.mqtt.cfg.discovery:
-            helper = await self._join_through_broker()
+        helper = await self._find_swarm()
         if self.mqtt is not None:
             self.mqtt.follow()
         if helper is not None and self.resumed is None:
@@ -338,19 +342,59 @@ class Node:
         if self.peers.ca_pem is not None:
             self._spawn(self._watch_revocations(), "revocations")
 
-    async def _rejoin(self, ckpt: Checkpoint) -> str | None:
-        """Join through the members a checkpoint remembers; alone if none answers (the swarm
-        may be gone, or this was its first node)."""
-        remembered = [
-            m["address"] for m in ckpt.meta.get("members", []) if m["node_id"] != self.node_id
-        ]
-        if not remembered:
-            return None
-        try:
-            return await self.peers.join(remembered, self.cfg.wait_timeout_s)
-        except JoinError as err:
-            log.warning("could not rejoin through remembered members (%s); going on alone", err)
-            return None
+    def _remembered(self) -> list[dict[str, str]]:
+        """The other members the checkpoint we resumed from knew."""
+        members = self.resumed.meta.get("members", []) if self.resumed is not None else []
+        return [m for m in members if m["node_id"] != self.node_id]
+
+    async def _find_swarm(self) -> str | None:
+        """Join the swarm: through the members the checkpoint remembers first (they were live
+        when it was written; a ``--join`` seed may be gone), then every join address, then the
+        members announced on the MQTT broker (with discovery).
+
+        Returns:
+            The address that took us; None to start alone: there was nothing to try (this is
+            the swarm's first node), or no join address was given and nobody answered (the
+            swarm may be gone, or this was its first node).
+
+        Raises:
+            JoinError: a join address (or an announced member) refused us for good, or join
+                addresses were given and every way to the swarm failed.
+        """
+        discovery = self.mqtt is not None and self.mqtt.cfg.discovery
+        failed: list[str] = []
+        remembered = [m["address"] for m in self._remembered()]
+        if remembered:
+            more = bool(self.cfg.join) or discovery
+            timeout_s = self.cfg.wait_timeout_s
+            try:
+                return await self.peers.join(
+                    remembered, min(REJOIN_TIMEOUT_S, timeout_s) if more else timeout_s
+                )
+            except JoinError as err:
+                failed.append(f"the {len(remembered)} remembered member(s): {err}")
+                log.warning(
+                    "could not rejoin through the %d member(s) the checkpoint remembers (%s)%s",
+                    len(remembered),
+                    err,
+                    "" if more else "; going on alone",
+                )
+        if self.cfg.join:
+            try:
+                return await self.peers.join(self.cfg.join, self.cfg.wait_timeout_s)
+            except JoinError as err:
+                cause = err.__cause__
+                if isinstance(cause, Rejected) and cause.reason not in _BUSY:
+                    raise  # a refusal is an answer: this swarm will not have us
+                failed.append(f"--join {', '.join(self.cfg.join)}: {err}")
+        if discovery:
+            helper = await self._join_through_broker()
+            if helper is not None:
+                return helper
+            failed.append("MQTT discovery: no announced member took us")
+        if self.cfg.join:
+            raise JoinError("could not join the swarm through any of: " + "; ".join(failed))
+        return None
 
     async def _join_through_broker(self) -> str | None:
         """Join through the members announced on the MQTT broker; alone if none is (this is the
@@ -748,6 +792,8 @@ class Node:
             for r in self.peers.swim.live_members()
             if r.node_id != self.node_id
         ]
+        # Nobody known alive now (the swarm is away, say): a restart still tries whom we knew.
+        members = members or self._remembered()
         meta = {
             "node_id": self.node_id,
             "step": step,
@@ -762,19 +808,54 @@ class Node:
         return Checkpoint(model, self.state.public.to("cpu", copy=True), optimizer, meta)
 
     async def write_checkpoint(self) -> None:
-        """Write the checkpoint now (atomically: a crash at any moment leaves a readable one)."""
+        """Write the checkpoint now (atomically: a crash at any moment leaves a readable one),
+        unless the node has nothing worth keeping (see :meth:`_save`)."""
+        if not self._trained():
+            return
         ckpt = await self.gossiper.run(self._capture)
         if await asyncio.to_thread(self._save, ckpt) and self.metrics is not None:
             self.metrics.write("checkpoint", step=int(ckpt.meta["step"]))
 
+    def _trained(self) -> bool:
+        """Whether this life of the node got to training (it joined, or started the swarm, and
+        its members and links were ready or it stopped waiting for them). Before that, its
+        state is the checkpoint it resumed from, or a model nobody trained: nothing to write."""
+        return self.trainer.started
+
     def _save(self, ckpt: Checkpoint, final: bool = False) -> bool:
-        """Write ``ckpt`` unless the final checkpoint is already written; returns whether it
-        wrote. A periodic write that was under way when the node stopped must not land on top
-        of the final one with an older state."""
+        """Write ``ckpt``, keeping the checkpoint before it; returns whether it wrote.
+
+        It does not write once the final checkpoint is written (a periodic write that was
+        under way when the node stopped must not land on top of it with an older state), nor
+        a model that diverged: the last finite checkpoint stays. A write that fails (a full
+        disk) leaves the old checkpoint, and warns once until a write succeeds again.
+        """
+        path = self.cfg.state_dir / CHECKPOINT_FILE
         with self._checkpoint_lock:
             if self._final_written:
                 return False
-            save_checkpoint(self.cfg.state_dir / CHECKPOINT_FILE, ckpt)
+            if isinstance(self.trainer.error, Diverged) or not ckpt.is_finite():
+                log.error(
+                    "node %s: the model is not finite (training diverged); %s stays as it was",
+                    self.node_id[:8],
+                    path,
+                )
+                return False
+            try:
+                save_checkpoint(path, ckpt, self.cfg.state_dir / PREVIOUS_FILE)
+            except OSError as err:
+                if not self._save_failing:
+                    log.warning(
+                        "could not write the checkpoint %s (%s); the old one stays, training "
+                        "goes on, and this is not said again until a write succeeds",
+                        path,
+                        err.strerror or err,
+                    )
+                self._save_failing = True
+                return False
+            if self._save_failing:
+                log.info("wrote the checkpoint %s again (step %d)", path, ckpt.meta["step"])
+            self._save_failing = False
             self._final_written = final
             return True
 
@@ -812,23 +893,76 @@ class Node:
             await self.write_checkpoint()
 
     def _write_final_state(self) -> None:
-        state_dir = self.cfg.state_dir
-        self._save(self._capture(), final=True)
-        status = self._status()
-        atomic_write(state_dir / SUMMARY_FILE, status_to_json(status).encode())
+        """The final checkpoint and summary, if this life got to training (a start that fails
+        changes nothing on disk but the metrics log); the ``stop`` record in any case."""
+        trained = self._trained()
+        if trained:
+            self._save(self._capture(), final=True)
+        else:
+            log.info("node %s never trained in this run: no checkpoint written", self.node_id[:8])
+        # Strict JSON: a loss that is NaN (no step yet) is null.
+        summary = json_safe(json.loads(status_to_json(self._status())))
+        if trained:
+            text = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)
+            try:
+                atomic_write(self.cfg.state_dir / SUMMARY_FILE, text.encode())
+            except OSError as err:
+                log.warning("could not write %s: %s", SUMMARY_FILE, err.strerror or err)
         if self.metrics is not None:
-            self.metrics.write("stop", **json.loads(status_to_json(status)))
+            self.metrics.write("stop", **summary)
+
+    def _rolled_back(self, rollback: Rollback) -> None:
+        """Event loop: the trainer went back to its last finite state."""
+        log.warning(
+            "node %s: training loss became %s at step %d; rolled back to the model and "
+            "optimizer of step %d (%d in a row, at most %d)",
+            self.node_id[:8],
+            rollback.loss,
+            rollback.step,
+            rollback.to_step,
+            rollback.in_a_row,
+            self.cfg.trainer.max_rollbacks,
+        )
+        if self.metrics is not None and not self.closing:
+            self.metrics.write(
+                "rollback", step=rollback.step, to_step=rollback.to_step, loss=rollback.loss
+            )
+        self.notify_change()
 
 
+#: Refusals of a join that say "not now" rather than "not you".
+_BUSY = frozenset({Reason.NOT_READY, Reason.SHUTTING_DOWN})
 #: Refusals of a join that will not change by retrying.
 _FOR_GOOD = frozenset({Reason.PROTOCOL_VERSION, Reason.FINGERPRINT, Reason.BAD_ADDRESS})
 
 
-def _check_resumable(ckpt: Checkpoint, fingerprint: TaskFingerprint, cfg: NodeConfig) -> None:
-    """A checkpoint from another task or codec cannot be resumed: say so rather than guess."""
+def _check_resumable(
+    ckpt: Checkpoint, fingerprint: TaskFingerprint, cfg: NodeConfig, path: Path
+) -> None:
+    """A checkpoint from another task or codec cannot be resumed: say so rather than guess.
+    It is whole, and someone's: it is refused, not moved aside as a damaged one would be."""
     if ckpt.meta.get("fingerprint") != fingerprint.digest():
         raise ValueError(
-            f"{cfg.state_dir / CHECKPOINT_FILE} holds a checkpoint of another task or codec "
+            f"{path} holds a checkpoint of another task or codec "
             f"(task {ckpt.meta.get('task')!r}, codec {ckpt.meta.get('codec')!r}); "
             "use another --state-dir, or remove the checkpoint to start afresh"
         )
+
+
+def _restore(cfg: NodeConfig, task: Task) -> tuple[Checkpoint | None, Path | None]:
+    """The newest usable checkpoint in the state dir, after removing stale temporary files."""
+    if not cfg.state_dir.is_dir():
+        return None, None
+    for tmp in remove_stale_temp_files(cfg.state_dir, (CHECKPOINT_FILE, SUMMARY_FILE)):
+        log.info("removed %s, left by a write that was interrupted", tmp)
+    specs = tuple(
+        ParamSpec(name, tuple(p.shape), str(p.dtype).removeprefix("torch."))
+        for name, p in task.model.named_parameters()
+    )
+    fingerprint = TaskFingerprint(specs, cfg.gossip.codec, cfg.gossip.block_size)
+
+    def check(ckpt: Checkpoint, path: Path) -> None:
+        _check_resumable(ckpt, fingerprint, cfg, path)
+        check_fits(ckpt, task.model, task.make_optimizer, path)
+
+    return restore_latest(cfg.state_dir, check)

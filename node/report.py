@@ -14,9 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import SafetensorError
-
-from node.checkpoint import CHECKPOINT_FILE, Checkpoint, load_checkpoint
+from node.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, load_checkpoint
 from node.evaluation import distances_to_average, parameter_names
 from node.history import EvalPoint, NodeHistory, read_history
 from node.node import METRICS_FILE
@@ -97,9 +95,14 @@ def _read(state_dirs: Sequence[Path]) -> tuple[list[NodeHistory], list[str]]:
             continue
         try:
             histories.append(read_history(state_dir))
-        except (ValueError, KeyError, TypeError) as err:
-            skipped.append(f"skipped `{state_dir}`: unreadable {METRICS_FILE} ({err!r})")
+        except (ValueError, OSError) as err:  # bad lines are skipped; this is a whole bad log
+            skipped.append(f"skipped `{state_dir}`: {_short(err)}")
     return histories, skipped
+
+
+def _short(err: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _checkpoints(histories: Sequence[NodeHistory]) -> tuple[dict[Path, Checkpoint], list[str]]:
@@ -110,8 +113,8 @@ def _checkpoints(histories: Sequence[NodeHistory]) -> tuple[dict[Path, Checkpoin
             continue
         try:
             found[h.state_dir] = load_checkpoint(path)
-        except (OSError, ValueError, KeyError, SafetensorError) as err:
-            notes.append(f"unreadable checkpoint `{path}` ({err}): left out")
+        except CheckpointError as err:
+            notes.append(f"unusable checkpoint `{path}` ({err.cause}): left out")
     return found, notes
 
 
