@@ -32,7 +32,15 @@ from google.protobuf.message import DecodeError
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import MemberRecord, SwimMessage
 from node import wire
-from node.penalties import LogLimiter, Penalties, PenaltyConfig, SystemClock, held_back
+from node.penalties import (
+    LogLimiter,
+    Penalties,
+    PenaltyConfig,
+    RateConfig,
+    RateLimiter,
+    SystemClock,
+    held_back,
+)
 from node.pki import TLS_NAME, CertificateRefused, NodeCertificates, TlsFiles
 from node.signing import RecordScreen
 from node.status import NodeStatus
@@ -102,6 +110,17 @@ class GrpcTransportConfig:
     #: Bans of callers, by certified id, for undecodable messages, messages in another node's
     #: name, and forged member records (under TLS only: without it nothing names a caller).
     penalties: PenaltyConfig = field(default_factory=PenaltyConfig)
+    #: A banned or revoked caller's refusal is held back this long (up to ``held_per_peer`` of
+    #: them at once), so that its calls come no faster than its open streams allow: a refusal
+    #: costs the node a few hundred microseconds of its event loop, a flood of them a core.
+    refusal_hold_s: float = 1.0
+    held_per_peer: int = 16
+    #: Membership messages and hellos per second one certified caller may send (and at once):
+    #: an honest member sends another a few a second at most (a probe, an ack, a relayed probe),
+    #: and each, with its records, costs the node about a millisecond; refusals past it are held
+    #: back as above.
+    membership_rate: float = 20.0
+    membership_burst: float = 100.0
 
     def server_options(self) -> list[tuple[str, Any]]:
         return [
@@ -154,6 +173,10 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
         #: Bans by certified id; public so that tests can give it a clock.
         self.penalties = Penalties(cfg.penalties, clock)
         self._open: Counter[str] = Counter()
+        self._held: Counter[str] = Counter()
+        self._membership_rate = RateLimiter(
+            RateConfig(rate=cfg.membership_rate, burst=cfg.membership_burst), clock
+        )
         self._log = LogLimiter(clock)
 
     # -- who calls ----------------------------------------------------------------------------
@@ -161,6 +184,10 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
     def _refusal(self, reason: Reason, detail: str) -> Rejected:
         self.handler.note_rejected(reason, detail)
         return Rejected(reason, detail)
+
+    def _shut_out(self, caller: str, reason: Reason, detail: str) -> Rejected:
+        self.handler.note_rejected(reason, detail)
+        return _ShutOut(caller, reason, detail)
 
     def _caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         """The certified node id of the caller under TLS (refused if its certificate is unfit,
@@ -175,13 +202,12 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
         except CertificateRefused as err:
             raise self._refusal(Reason.CERTIFICATE, f"your certificate is refused: {err}") from None
         if self.handler.is_revoked(caller):
-            raise self._refusal(Reason.REVOKED, f"node {caller[:8]} is revoked in this swarm")
+            detail = f"node {caller[:8]} is revoked in this swarm"
+            raise self._shut_out(caller, Reason.REVOKED, detail)
         ban_left_s = self.penalties.ban_left_s(caller)
         if ban_left_s > 0:
-            raise self._refusal(
-                Reason.BANNED,
-                f"{caller[:8]} sent too many bad messages; refused for another {ban_left_s:.0f} s",
-            )
+            detail = f"{caller[:8]} sent too many bad messages; refused for {ban_left_s:.0f} s more"
+            raise self._shut_out(caller, Reason.BANNED, detail)
         return caller
 
     @contextlib.contextmanager
@@ -220,6 +246,15 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
                 reason,
                 ban_s,
                 held_back(held),
+            )
+
+    def _membership_call(self, caller: str) -> None:
+        """Under TLS, a caller's membership messages and hellos keep to ``membership_rate``."""
+        if self.certs is not None and not self._membership_rate.allow(caller):
+            raise self._shut_out(
+                caller,
+                Reason.RATE_LIMITED,
+                f"{caller[:8]} sends membership messages faster than its rate limit",
             )
 
     def _check_claim(self, caller: str, claimed: str) -> None:
@@ -268,6 +303,14 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
         return result.records
 
     async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], err: Rejected) -> None:
+        if isinstance(err, _ShutOut) and self._held[err.caller] < self.cfg.held_per_peer:
+            self._held[err.caller] += 1
+            try:
+                await asyncio.sleep(self.cfg.refusal_hold_s)
+            finally:
+                self._held[err.caller] -= 1
+                if not self._held[err.caller]:
+                    del self._held[err.caller]
         await context.abort(
             _status_code(err.reason),
             f"{err.reason}: {err.detail}",
@@ -279,6 +322,7 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
     ) -> wire.pb.Hello:
         try:
             with self._slot(context) as caller:
+                self._membership_call(caller)
                 raw = await self._first(requests, "Hello")
                 hello = self._decode(wire.hello_from_pb, raw, caller)
                 self._check_claim(caller, hello.self_.node_id)
@@ -365,6 +409,7 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
     ) -> wire.pb.SwimReply:
         try:
             with self._slot(context) as caller:
+                self._membership_call(caller)
                 raw = await self._first(requests, "SwimMessage")
                 version, message = self._decode(wire.swim_from_pb, raw, caller)
                 self._check_claim(caller, message.sender)
@@ -387,6 +432,14 @@ class _Servicer(murmur_pb2_grpc.MurmurServicer):
         except Rejected as err:
             await self._refuse(context, err)
             raise AssertionError("abort returned") from err
+
+
+class _ShutOut(Rejected):
+    """A refusal of a caller shut out for good or for a while (revoked, banned)."""
+
+    def __init__(self, caller: str, reason: Reason, detail: str) -> None:
+        super().__init__(reason, detail)
+        self.caller = caller
 
 
 @dataclass(frozen=True)
