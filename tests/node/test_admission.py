@@ -258,6 +258,25 @@ async def test_certificates_a_node_cannot_hold_get_a_refusal_that_names_the_reas
     assert live.node.counters.rejected["certificate"] == 1
 
 
+async def test_messages_in_another_nodes_name_get_the_certified_caller_banned(live: Live) -> None:
+    mallory = member(live.ca, live.tmp / "mallory")
+    client = live.client(mallory.tls)
+    bob = member(live.ca, live.tmp / "bob")
+    penalties = live.node.transport.penalties  # type: ignore[attr-defined]
+    try:
+        for _ in range(penalties.cfg.threshold):
+            with pytest.raises(Rejected) as info:
+                await client.call_swim(live.node.address, ping(bob, ()), CALL_TIMEOUT_S)
+            assert info.value.reason is Reason.IDENTITY
+        with pytest.raises(Rejected) as info:
+            await client.call_swim(live.node.address, ping(mallory, ()), CALL_TIMEOUT_S)
+        assert info.value.reason is Reason.BANNED
+    finally:
+        await client.close(0)
+    assert penalties.ban_left_s(mallory.node_id) > 0
+    assert penalties.ban_left_s(bob.node_id) == 0  # the one named is not the one punished
+
+
 async def test_undecodable_messages_get_the_certified_caller_banned(live: Live) -> None:
     mallory = member(live.ca, live.tmp / "mallory")
     penalties = live.node.transport.penalties  # type: ignore[attr-defined]
