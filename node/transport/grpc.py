@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,10 +19,11 @@ import grpc
 import grpc.aio
 import torch
 
+from gossip.clock import Clock
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import SwimMessage
 from node import wire
-from node.penalties import Penalties, PenaltyConfig
+from node.penalties import Penalties, PenaltyConfig, SystemClock
 from node.pki import TLS_NAME, TlsFiles
 from node.signing import RecordScreen
 from node.status import NodeStatus
@@ -172,10 +172,12 @@ class _Channel:
 
 
 class GrpcTransport:
-    """gRPC with mutual TLS (``cfg.tls``), or over plain TCP without it."""
+    """gRPC with mutual TLS (``cfg.tls``), or over plain TCP without it. ``clock`` times the
+    expiry of idle channels (the monotonic clock unless a test gives one)."""
 
-    def __init__(self, cfg: GrpcTransportConfig | None = None) -> None:
+    def __init__(self, cfg: GrpcTransportConfig | None = None, clock: Clock | None = None) -> None:
         self.cfg = cfg or GrpcTransportConfig()
+        self._clock: Clock = clock or SystemClock()
         self._server: grpc.aio.Server | None = None
         self._servicer: Servicer | None = None
         # Per lane, least recently used first.
@@ -249,7 +251,7 @@ class GrpcTransport:
         given, and would otherwise keep a channel to each for good. Bulk channels carry
         long-lived delta streams, so only the bound applies to them."""
         channels = self._channels[lane]
-        now = time.monotonic()
+        now = self._clock.now()
         entry = channels.pop(address, None)
         failed = grpc.ChannelConnectivity.TRANSIENT_FAILURE
         if entry is not None and entry.channel.get_state() == failed:

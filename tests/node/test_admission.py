@@ -342,14 +342,22 @@ async def poll(check: Callable[[], bool], what: str, timeout_s: float) -> None:
     await poll_async(ask, what, timeout_s)
 
 
-async def test_channels_to_addresses_a_node_is_given_are_bounded(tmp_path: Path) -> None:
-    transport = GrpcTransport(GrpcTransportConfig(control_channels=3, bulk_channels=2))
+async def test_channels_to_addresses_a_node_is_given_are_bounded_and_expire(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    cfg = GrpcTransportConfig(control_channels=3, bulk_channels=2, control_idle_s=60.0)
+    transport = GrpcTransport(cfg, clock)
     probe = SwimMessage(Kind.PING, "a" * 32, "127.0.0.1:9", 1)
     try:
         for port in range(20):  # nobody listens on these
             with pytest.raises(Unreachable):
                 await transport.call_swim(f"127.0.0.1:{port + 1}", probe, 0.2)
         assert transport.channel_count() == 3
+        clock.advance(61.0)  # the three go unused past the idle limit
+        with pytest.raises(Unreachable):
+            await transport.call_swim("127.0.0.1:30", probe, 0.2)
+        assert transport.channel_count() == 1
     finally:
         await transport.close(0)
     assert transport.channel_count() == 0
