@@ -33,6 +33,8 @@ from typing import ClassVar
 
 import torch
 
+from gossip.encoded import Encoded
+
 __all__ = [
     "CODECS",
     "Codec",
@@ -52,21 +54,6 @@ class CodecError(ValueError):
 
 class NonFiniteError(CodecError):
     """The input holds NaN or infinity; nothing was encoded."""
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """A compressed flat vector as it travels: the codec's name, its geometry and its bytes."""
-
-    codec: str
-    numel: int
-    block_size: int
-    scales: bytes
-    data: bytes
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.scales) + len(self.data)
 
 
 @dataclass(frozen=True)

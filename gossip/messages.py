@@ -6,7 +6,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from gossip.codecs import Encoded
+from gossip.encoded import Encoded
 from gossip.swim import MemberRecord
 
 __all__ = [

@@ -1,9 +1,11 @@
-"""Configuration of a node: one frozen dataclass per component, parsed once at the entry point."""
+"""Configuration of a node: one frozen dataclass per component, parsed once at the entry point.
+
+Users' settings (file, environment, flags) are checked by the schema in :mod:`node.settings`
+first; the checks here guard the dataclasses that code builds directly."""
 
 from __future__ import annotations
 
-import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +13,13 @@ from gossip.codecs import CODECS
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
 from node.mqtt_messages import MqttConfig
+from node.settings import ATTACKS, FLAG_KEYS, RunSettings
+from node.settings_sources import load_settings
 from node.trainer import TrainerConfig
 
-__all__ = ["ATTACKS", "DEFAULT_GAMMA", "GossipConfig", "NodeConfig", "load_config_file"]
+__all__ = ["ATTACKS", "DEFAULT_GAMMA", "GossipConfig", "NodeConfig", "gossip_config", "node_config"]
 
-#: Test-only attacks a node can mount on its neighbours (``GossipConfig.attack``).
-ATTACKS = ("scale", "flip", "random")
+_FLAG_OF = {key.removeprefix("gossip."): flag for flag, key in FLAG_KEYS.items()}
 
 #: Consensus step size by codec: harsher compression needs a smaller γ (Koloskova et al. 2019).
 DEFAULT_GAMMA = {"fp32": 1.0, "fp16": 1.0, "int8": 0.8, "int4": 0.5, "sign": 0.1}
@@ -121,6 +124,8 @@ class NodeConfig:
         mqtt_discovery: also announce this node's address there and join the members announced.
         mqtt_prefix, swarm: the topics are ``{mqtt_prefix}/{swarm}/{node_id}/...``.
         mqtt_interval_s: seconds between two status messages.
+        summary_interval_s: seconds between two summary lines in the log (step, rates, mix,
+            last evaluation); 0 turns them off.
         membership: the SWIM protocol's settings (``[membership]`` in a config file).
     """
 
@@ -148,6 +153,8 @@ class NodeConfig:
     mqtt_prefix: str = "murmur"
     mqtt_interval_s: float = 2.0
     swarm: str = "default"
+    # Often enough to follow a run by eye; 360 lines an hour per node.
+    summary_interval_s: float = 10.0
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     gossip: GossipConfig = field(default_factory=GossipConfig)
     membership: SwimConfig = field(default_factory=SwimConfig)
@@ -157,6 +164,8 @@ class NodeConfig:
             raise ValueError(f"shard {self.shard_index}/{self.shard_count} is out of range")
         if self.checkpoint_interval_s <= 0:
             raise ValueError("checkpoint_interval_s must be positive")
+        if self.summary_interval_s < 0:
+            raise ValueError("summary_interval_s must not be negative (0 turns summaries off)")
         for address in (self.listen, *self.join, *filter(None, [self.advertise])):
             _check_address(address)
         if self.metrics_tls and self.insecure:
@@ -184,34 +193,27 @@ def _check_address(address: str) -> None:
         raise ValueError(f"address {address!r} is not host:port")
 
 
-_SECTIONS: dict[str, type] = {
-    "trainer": TrainerConfig,
-    "gossip": GossipConfig,
-    "membership": SwimConfig,
-}
+def node_config(settings: RunSettings) -> NodeConfig:
+    """The frozen configs of a node from its validated settings (:mod:`node.settings`)."""
+    values = settings.model_dump()
+    sections = {name: values.pop(name) for name in ("trainer", "gossip", "membership")}
+    return NodeConfig(
+        **values,
+        trainer=TrainerConfig(**sections["trainer"]),
+        gossip=GossipConfig(**sections["gossip"]),
+        membership=SwimConfig(**sections["membership"]),
+    )
 
 
-def load_config_file(path: Path) -> dict[str, Any]:
-    """Read a TOML config into flat keyword arguments for :class:`NodeConfig` and its sections.
+def gossip_config(given: dict[str, Any]) -> GossipConfig:
+    """A :class:`GossipConfig` from gossip flags (strings, by field name), checked by the
+    schema that ``murmur run`` uses (for ``murmur swarm`` and ``murmur simulate``).
 
-    Top-level keys are NodeConfig fields; ``[trainer]``, ``[gossip]`` and ``[membership]``
-    tables hold those components' fields. Unknown keys are an error, so typos do not pass silently.
+    Raises:
+        SettingsError: a value was refused.
     """
-    with path.open("rb") as f:
-        raw = tomllib.load(f)
-    out: dict[str, Any] = {}
-    node_fields = {f.name for f in fields(NodeConfig)} - set(_SECTIONS)
-    for key, value in raw.items():
-        if key in _SECTIONS:
-            if not isinstance(value, dict):
-                raise ValueError(f"{path}: [{key}] must be a table")
-            known = {f.name for f in fields(_SECTIONS[key])}
-            for sub, sub_value in value.items():
-                if sub not in known:
-                    raise ValueError(f"{path}: unknown key {key}.{sub}")
-                out[f"{key}.{sub}"] = sub_value
-        elif key in node_fields:
-            out[key] = value
-        else:
-            raise ValueError(f"{path}: unknown key {key!r}")
-    return out
+    labels = {k: "--" + _FLAG_OF.get(k, k.replace("_", "-")) for k in given}
+    settings = load_settings(
+        environ={}, flags={f"gossip.{k}": v for k, v in given.items()}, flag_labels=labels
+    )
+    return GossipConfig(**settings.gossip.model_dump())

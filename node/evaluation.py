@@ -67,8 +67,8 @@ class RunReport:
 
     def to_markdown(self) -> str:
         lines = [
-            "| node | shard | steps | rounds | accuracy after training | final accuracy | "
-            "final loss | sent | vs fp32 |",
+            "| node | shard | steps | rounds | eval accuracy after training | "
+            "final eval accuracy | final eval loss | sent | vs fp32 |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in self.nodes:
@@ -141,7 +141,9 @@ def evaluate_run(
         ckpt = load_checkpoint(state_dir / CHECKPOINT_FILE)
         state, meta = dict(ckpt.model), ckpt.meta
         summary = json.loads((state_dir / SUMMARY_FILE).read_text())
-        evals = [r for r in read_metrics(state_dir / METRICS_FILE) if r["event"] == "eval"]
+        # The evaluations of training, not those a finished node goes on making as it gossips.
+        records = read_metrics(state_dir / METRICS_FILE)
+        evals = [r for r in records if r["event"] == "eval" and not r.get("after_budget")]
         model.load_state_dict(state)
         loss, acc = evaluate(model, task.eval, task.loss, device)
         states.append(state)
@@ -173,7 +175,11 @@ def train_reference(
     task = _build_task(task_spec, seed, Shard())
     task.model.to(device)
     trainer = Trainer(
-        task, device, threading.Lock(), TrainerConfig(steps=steps, eval_every=steps, seed=seed)
+        task,
+        device,
+        threading.Lock(),
+        # Alone, nothing moves its model after the budget: no evaluations after it.
+        TrainerConfig(steps=steps, eval_every=steps, seed=seed, idle_eval_interval_s=None),
     )
     trainer.start()
     trainer.join()

@@ -64,12 +64,38 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
         s.bytes_sent_fp32,
     )
     counter("murmur_received_bytes", "Bytes of gossip messages received.", s.bytes_received)
-    out.append(_gauge("murmur_training_loss", "Smoothed training loss.", s.loss))
+    train_doc = "Training loss, smoothed over about the last ten steps (NaN before the first)."
+    out.append(_gauge("murmur_train_loss", train_doc, s.train_loss))
+    # The old name of the same figure, kept for dashboards that use it.
+    out.append(_gauge("murmur_training_loss", "Deprecated: murmur_train_loss.", s.train_loss))
+    evaluated = s.eval_step >= 0
+    out.append(
+        _gauge(
+            "murmur_eval_loss",
+            "Loss on the task's eval data at the last evaluation (NaN before the first).",
+            s.eval_loss if evaluated else math.nan,
+        )
+    )
     out.append(
         _gauge(
             "murmur_eval_accuracy_ratio",
-            "Accuracy on the evaluation data at the last evaluation (NaN before the first).",
-            s.accuracy if s.accuracy >= 0 else math.nan,
+            "Accuracy on the task's eval data at the last evaluation (NaN before the first).",
+            s.eval_accuracy if evaluated else math.nan,
+        )
+    )
+    out.append(
+        _gauge(
+            "murmur_eval_step",
+            "The training step of the model the last evaluation saw (NaN before the first).",
+            s.eval_step if evaluated else math.nan,
+        )
+    )
+    out.append(
+        _gauge(
+            "murmur_eval_age_seconds",
+            "Seconds since the last evaluation (NaN before the first); after the step budget "
+            "nodes go on evaluating every --idle-eval-interval seconds.",
+            s.eval_age_s if evaluated else math.nan,
         )
     )
     out.append(_gauge("murmur_training_done", "1 once the step budget is spent.", s.training_done))

@@ -31,11 +31,12 @@ import copy
 import dataclasses
 import json
 import logging
+import math
 import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
@@ -59,6 +60,7 @@ from node.checkpoint import (
     save_checkpoint,
 )
 from node.config import NodeConfig
+from node.console import CheckpointProgress, Summary, checkpoint_nbytes, with_countdown
 from node.device import resolve_device
 from node.flat import FlatParams
 from node.gossiper import Gossiper, NeighbourView
@@ -68,6 +70,7 @@ from node.metrics import MetricsServer, MetricsTls, metrics_host
 from node.mqtt import MqttBridge
 from node.peers import JoinError, Peers
 from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, load_tls
+from node.progress import TickerConfig, fmt_duration, fmt_size
 from node.revocation import REVOKED_FILE, Revocations, read_revocations_file
 from node.service import NodeService
 from node.signing import (
@@ -96,6 +99,10 @@ SUMMARY_FILE = "summary.json"
 MAX_PULLS = 3
 #: How often a node looks for a new revocation list in its state dir.
 REVOCATIONS_POLL_S = 2.0
+#: A join that has not answered in 2 s says so, then ever less often (7, 17, 37, 67 s...).
+_JOIN_TICKS = TickerConfig(first_s=2.0, every_s=5.0, growth=2.0, max_s=30.0)
+#: The wait for members says what it waits for at once, then ever less often.
+_WAIT_TICKS = TickerConfig(first_s=0.0, every_s=5.0, growth=2.0, max_s=30.0)
 METRICS_FILE = "metrics.jsonl"
 #: How long the members a checkpoint remembers get to answer when join addresses or the broker
 #: come after them: a live member answers within a round trip (an answer under way may take up
@@ -240,6 +247,9 @@ class Node:
         self._checkpoint_lock = threading.Lock()
         self._final_written = False
         self._save_failing = False  # a write failed (a full disk): warn once, not every time
+        self._checkpoint_progress = CheckpointProgress(cfg.state_dir / CHECKPOINT_FILE)
+        #: The last evaluation written to the metrics log (step, accuracy, loss to 4 digits).
+        self._logged_eval: tuple[int, float, str] | None = None
 
     @classmethod
     async def create(
@@ -307,12 +317,14 @@ class Node:
         if self.cfg.metrics_port is not None:
             key_dir = self.cfg.tls_dir or self.cfg.state_dir
             tls = MetricsTls(key_dir / CERT_FILE, key_dir / KEY_FILE, key_dir / CA_CERT_FILE)
-            self.metrics_server = MetricsServer.start(
-                self.status,
-                self.cfg.metrics_host or metrics_host(self.cfg.listen),
-                self.cfg.metrics_port,
-                tls if self.cfg.metrics_tls else None,
-            )
+            host = self.cfg.metrics_host or metrics_host(self.cfg.listen)
+            port = self.cfg.metrics_port
+            try:
+                self.metrics_server = MetricsServer.start(
+                    self.status, host, port, tls if self.cfg.metrics_tls else None
+                )
+            except OSError as err:
+                raise OSError(f"cannot serve metrics on {host}:{port}: {err.strerror}") from err
         self.metrics = MetricsLog(self.cfg.state_dir / METRICS_FILE)
         self.metrics.write("start", node_id=self.node_id, address=self.address)
         self.ready = True
@@ -368,7 +380,7 @@ class Node:
             more = bool(self.cfg.join) or discovery
             timeout_s = self.cfg.wait_timeout_s
             try:
-                return await self.peers.join(
+                return await self._join(
                     remembered, min(REJOIN_TIMEOUT_S, timeout_s) if more else timeout_s
                 )
             except JoinError as err:
@@ -381,7 +393,7 @@ class Node:
                 )
         if self.cfg.join:
             try:
-                return await self.peers.join(self.cfg.join, self.cfg.wait_timeout_s)
+                return await self._join(self.cfg.join, self.cfg.wait_timeout_s)
             except JoinError as err:
                 cause = err.__cause__
                 if isinstance(cause, Rejected) and cause.reason not in _BUSY:
@@ -406,12 +418,30 @@ class Node:
             log.info("no members announced on the MQTT broker; this node starts the swarm")
             return None
         try:
-            return await self.peers.join(announced, self.cfg.wait_timeout_s)
+            return await self._join(announced, self.cfg.wait_timeout_s)
         except JoinError as err:
             if isinstance(err.__cause__, Rejected) and err.__cause__.reason in _FOR_GOOD:
                 raise
             log.warning("no member announced on the MQTT broker answered (%s); alone", err)
             return None
+
+    async def _join(self, addresses: Sequence[str], timeout_s: float) -> str:
+        """:meth:`Peers.join` within ``timeout_s``, with a countdown in the log while no
+        address answers."""
+        deadline = time.monotonic() + timeout_s
+        shown = ", ".join(addresses[:3]) + (
+            f" and {len(addresses) - 3} more" if len(addresses) > 3 else ""
+        )
+
+        def describe() -> str:
+            left = fmt_duration(max(0.0, deadline - time.monotonic()))
+            return (
+                f"node {self.node_id[:8]} joining through {shown}: no answer yet, "
+                f"giving up in {left}"
+            )
+
+        join = self.peers.join(addresses, timeout_s)
+        return await with_countdown(join, describe, _JOIN_TICKS)
 
     async def _join_announced(self, node_id: str, address: str) -> None:
         """A member announced on the MQTT broker: join it unless it is known already, which
@@ -448,6 +478,7 @@ class Node:
         for address in candidates:
             if len(pulled) >= MAX_PULLS:
                 break
+            log.info("pulling the swarm's model (%.1f MB) from %s", 4 * numel / 1e6, address)
             timeout_s = transfer_timeout_s(self.cfg.gossip.call_timeout_s, 4 * numel)
             chunks = self.transport.call_pull_model(address, self.node_id, timeout_s)
             try:
@@ -483,13 +514,16 @@ class Node:
         self, values: torch.Tensor, source: str, step: int, started: float, agreed_with: str | None
     ) -> None:
         await self.gossiper.adopt(values.to(self.device), random.getrandbits(62))
+        elapsed = time.monotonic() - started
+        nbytes = 4 * values.numel()
         log.info(
-            "started from the model of %s (its step %d%s): %.1f MB in %.2f s",
+            "started from the model of %s (its step %d%s): %s in %s (%s/s)",
             source,
             step,
             f"; {agreed_with}'s agrees" if agreed_with else "",
-            4 * values.numel() / 1e6,
-            time.monotonic() - started,
+            fmt_size(nbytes),
+            fmt_duration(elapsed),
+            fmt_size(nbytes / elapsed) if elapsed > 0 else "-",
         )
         if self.metrics is not None:
             self.metrics.write(
@@ -532,7 +566,12 @@ class Node:
         await self.transport.close(grace_s)
         await asyncio.to_thread(self.gossiper.close)
         if self.ready:
-            await asyncio.to_thread(self._write_final_state)
+            await self._checkpoint_progress.run(
+                f"node {self.node_id[:8]} writing the final checkpoint",
+                self._checkpoint_progress.estimate(3 * 4 * self.flat.numel),
+                self._write_final_state,
+                final=True,
+            )
         if self.metrics is not None:
             self.metrics.close()
         log.info("node %s stopped at step %d", self.node_id[:8], self.trainer.step)
@@ -597,25 +636,38 @@ class Node:
         neighbour took our public copy and sent us its own), so no node trains its first steps
         alone; after ``wait_timeout_s``, start anyway."""
         want = self.cfg.wait_members
+        deadline = time.monotonic() + self.cfg.wait_timeout_s
 
-        def ready() -> bool:
+        def missing() -> list[str]:
+            """What training still waits for: members, then both directions of every edge
+            (they took our public copy, and we hold theirs)."""
             links = self.peers.links
-            # Both directions of every edge: they took our public copy, and we hold theirs.
+            waiting = []
+            if len(self.peers.view) < want:
+                waiting.append(f"members ({len(self.peers.view)} of {want} known)")
+            down = [
+                peer_id
+                for peer_id, link in links.items()
+                if not link.healthy or peer_id not in self.state.replicas
+            ]
+            if down:
+                names = " ".join(sorted(p[:8] for p in down))
+                waiting.append(f"links ({len(links) - len(down)} of {len(links)} up; not: {names})")
+            return waiting
+
+        def describe() -> str | None:
+            waiting = missing()
+            if not waiting:
+                return None
+            left = fmt_duration(max(0.0, deadline - time.monotonic()))
             return (
-                len(self.peers.view) >= want
-                and all(link.healthy for link in links.values())
-                and links.keys() <= self.state.replicas.keys()
+                f"node {self.node_id[:8]} waiting for {' and '.join(waiting)}; "
+                f"training starts anyway in {left}"
             )
 
         try:
-            if not ready():
-                log.info(
-                    "node %s waiting for members (%d of %d) and links",
-                    self.node_id[:8],
-                    len(self.peers.view),
-                    want,
-                )
-            await self.wait_until(ready, self.cfg.wait_timeout_s)
+            waited = self.wait_until(lambda: not missing(), self.cfg.wait_timeout_s)
+            await with_countdown(waited, describe, _WAIT_TICKS)
         except TimeoutError:
             log.warning(
                 "node %s starts training with %d of %d members, %d of %d links up",
@@ -625,6 +677,9 @@ class Node:
                 sum(link.healthy for link in self.peers.links.values()),
                 len(self.peers.links),
             )
+        if self.cfg.summary_interval_s > 0:
+            summary = Summary(self.status, self.cfg.summary_interval_s)
+            self._spawn(summary.run(), "summary")
         self.trainer.start()
 
     def _after_step(self, step: int) -> None:
@@ -678,19 +733,28 @@ class Node:
 
     def _on_eval(self, result: EvalResult) -> None:
         self.notify_change()
-        log.info(
-            "node %s step %d loss %.4f accuracy %.4f",
+        # After the budget the summary line carries the figures; a line per evaluation would
+        # be one every few seconds for as long as the node runs.
+        log.log(
+            logging.DEBUG if result.after_budget else logging.INFO,
+            "node %s step %d eval_loss %.4f eval_accuracy %.4f%s",
             self.node_id[:8],
             result.step,
             result.loss,
             result.accuracy,
+            " (after the budget)" if result.after_budget else "",
         )
-        if self.metrics is not None and not self.closing:
+        # A model that gossip no longer moves evaluates the same every time: one record says it.
+        key = (result.step, result.accuracy, f"{result.loss:.4g}")
+        if self.metrics is not None and not self.closing and key != self._logged_eval:
+            self._logged_eval = key
             self._spawn(self._log_eval(result), "log-eval")
 
     async def _log_eval(self, result: EvalResult) -> None:
         """One ``eval`` record of the metrics log, with this node's distance to its neighbours
-        (the RMS of x_i - x̂_j averaged over the neighbours it has replicas of; -1 without)."""
+        (the RMS of x_i - x̂_j averaged over the neighbours it has replicas of; -1 without).
+        ``loss`` and ``accuracy`` are on the eval data; ``train_loss`` is the smoothed
+        training loss; ``after_budget`` marks the evaluations made once the budget was spent."""
         views = await self.gossiper.neighbour_views()
         distances = [v.distance_rms for v in views.values() if v.distance_rms >= 0]
         if self.metrics is not None:
@@ -700,6 +764,7 @@ class Node:
                 loss=result.loss,
                 accuracy=result.accuracy,
                 train_loss=self.trainer.loss,
+                after_budget=result.after_budget,
                 rounds=self.counters.rounds,
                 bytes_sent=self.counters.bytes_sent,
                 bytes_sent_fp32=self.counters.bytes_sent_fp32,
@@ -761,8 +826,11 @@ class Node:
             step=self.trainer.step,
             step_budget=self.cfg.trainer.steps or 0,
             training_done=self.trainer.done.is_set(),
-            loss=self.trainer.loss,
-            accuracy=ev.accuracy if ev else -1.0,
+            train_loss=self.trainer.loss,
+            eval_accuracy=ev.accuracy if ev else -1.0,
+            eval_loss=ev.loss if ev else math.nan,
+            eval_step=ev.step if ev else -1,
+            eval_age_s=time.monotonic() - ev.time if ev else -1.0,
             rounds=c.rounds,
             bytes_sent=c.bytes_sent,
             bytes_sent_fp32=c.bytes_sent_fp32,
@@ -812,8 +880,15 @@ class Node:
         unless the node has nothing worth keeping (see :meth:`_save`)."""
         if not self._trained():
             return
+        log.debug("node %s writing a checkpoint", self.node_id[:8])
         ckpt = await self.gossiper.run(self._capture)
-        if await asyncio.to_thread(self._save, ckpt) and self.metrics is not None:
+        wrote = await self._checkpoint_progress.run(
+            f"node {self.node_id[:8]} writing a checkpoint",
+            checkpoint_nbytes(ckpt),
+            lambda: self._save(ckpt),
+            final=False,
+        )
+        if wrote and self.metrics is not None:
             self.metrics.write("checkpoint", step=int(ckpt.meta["step"]))
 
     def _trained(self) -> bool:

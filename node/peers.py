@@ -20,7 +20,7 @@ from node.membership import Membership
 from node.penalties import LogLimiter, RateConfig, RateLimiter, held_back
 from node.revocation import Revocations, parse_revocations
 from node.telemetry import Counters
-from node.transport.base import Reason, Rejected, Transport, Unreachable
+from node.transport.base import HandshakeFailed, Reason, Rejected, Transport, Unreachable
 
 __all__ = ["JoinError", "MemberSigning", "Peers"]
 
@@ -96,6 +96,7 @@ class Peers:
         self.links: dict[str, PeerLink] = {}
         #: Links open only once the node has its starting model (a joiner pulls one first).
         self.linking = False
+        self._logged_neighbours: frozenset[str] | None = None  # the last set logged
         self._spawn = spawn
         self._on_view_change = on_view_change
         self._on_links_change = on_links_change
@@ -252,10 +253,12 @@ class Peers:
                         raise JoinError(f"{address} refused us: {err}") from err
                     if time.monotonic() > deadline:
                         raise JoinError(f"{address} is not taking members: {err}") from err
+                except HandshakeFailed as err:
+                    raise JoinError(f"{address} refused us: {err}") from err
                 except Unreachable as err:
                     if time.monotonic() > deadline:
                         raise JoinError(f"{address} did not answer: {err}") from err
-                log.info("waiting for %s to answer", address)
+                log.debug("waiting for %s to answer", address)  # the node counts down
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 2.0)
 
@@ -268,7 +271,7 @@ class Peers:
                     err = task.exception()
                     if err is None:
                         return task.result()
-                    if isinstance(err.__cause__, Rejected):
+                    if isinstance(err.__cause__, Rejected | HandshakeFailed):
                         raise err  # a refusal is an answer: this swarm will not have us
                     errors.append(err)
             raise errors[0]
@@ -320,9 +323,11 @@ class Peers:
                     # (membership gossip takes a few periods) counts us as its neighbour now.
                     self.membership.send([self.swim.ping(peer.address)])
             self._on_links_change()
-            log.info(
-                "node %s neighbours (%s): %s",
-                me[:8],
-                self.cfg.topology,
-                " ".join(sorted(j[:8] for j in mine)),
-            )
+            if mine != self._logged_neighbours:  # the topology is recomputed at every change
+                self._logged_neighbours = mine
+                log.info(
+                    "node %s neighbours (%s): %s",
+                    me[:8],
+                    self.cfg.topology,
+                    " ".join(sorted(j[:8] for j in mine)) or "none",
+                )

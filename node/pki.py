@@ -9,6 +9,8 @@ checked by node id, the hash of the public key in the certificate the peer prese
 
 from __future__ import annotations
 
+import json
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -26,6 +28,7 @@ __all__ = [
     "CA_CERT_FILE",
     "CA_KEY_FILE",
     "CERT_FILE",
+    "ISSUED_FILE",
     "KEY_FILE",
     "TLS_NAME",
     "CertificateExpired",
@@ -35,14 +38,23 @@ __all__ = [
     "check_node_certificate",
     "init_ca",
     "issue_node",
+    "issued_nodes",
     "load_tls",
     "node_id_of_cert",
+    "resolve_node_id",
 ]
 
 CERT_FILE = "node_cert.pem"
 CA_CERT_FILE = "ca_cert.pem"
 CA_KEY_FILE = "ca_key.pem"
+#: The nodes a CA issued certificates for (id, name, expiry), so that ``murmur ca revoke`` can
+#: take the short ids that logs print.
+ISSUED_FILE = "issued.json"
 TLS_NAME = "murmur"
+#: Fewer characters than this are too likely to name another node tomorrow.
+MIN_PREFIX = 4
+_HEX = re.compile(r"[0-9a-f]+")
+NODE_ID_LENGTH = 32
 
 # Certificates start this long before they are made, so a peer whose clock runs a little behind
 # does not find a fresh certificate "not yet valid".
@@ -212,7 +224,56 @@ def issue_node(
     )
     write_atomic(out_dir / CERT_FILE, _cert_pem(cert), mode=0o644)
     write_atomic(out_dir / CA_CERT_FILE, _cert_pem(ca_cert), mode=0o644)
+    issued = issued_nodes(ca_dir)
+    issued[identity.node_id] = {"name": name, "not_after": cert.not_valid_after_utc.isoformat()}
+    write_atomic(ca_dir / ISSUED_FILE, json.dumps(issued, indent=1, sort_keys=True).encode())
     return identity.node_id
+
+
+def issued_nodes(ca_dir: Path) -> dict[str, dict[str, str]]:
+    """The nodes the CA in ``ca_dir`` issued certificates for: node id -> name and expiry."""
+    path = ca_dir / ISSUED_FILE
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+        return {
+            str(k): {"name": str(v["name"]), "not_after": str(v["not_after"])}
+            for k, v in raw.items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{path} is damaged ({err}); it lists the ids this CA issued") from None
+
+
+def resolve_node_id(ca_dir: Path, given: str) -> str:
+    """The full node id that ``given`` means: a full id (32 hex characters) as it is, or a
+    prefix of exactly one id this CA issued (the 8 or 12 characters that logs print).
+
+    Raises:
+        ValueError: ``given`` is no id nor prefix of one, or a prefix of none or several.
+    """
+    text = given.strip().lower()
+    if not _HEX.fullmatch(text) or len(text) > NODE_ID_LENGTH:
+        raise ValueError(
+            f"{given!r} is not a node id: those are {NODE_ID_LENGTH} hex characters "
+            "(or the first few of one, as logs print them)"
+        )
+    if len(text) == NODE_ID_LENGTH:
+        return text
+    if len(text) < MIN_PREFIX:
+        raise ValueError(f"{given!r} is too short: give at least {MIN_PREFIX} characters of the id")
+    issued = issued_nodes(ca_dir)
+    matches = sorted(i for i in issued if i.startswith(text))
+    if not matches:
+        raise ValueError(
+            f"no node that {ca_dir} issued a certificate for has an id starting with {text} "
+            f"({len(issued)} issued, listed in {ca_dir / ISSUED_FILE}); a full id of "
+            f"{NODE_ID_LENGTH} characters is taken as it is"
+        )
+    if len(matches) > 1:
+        named = ", ".join(f"{i} ({issued[i]['name']})" for i in matches)
+        raise ValueError(f"{text} starts several issued ids: {named}; give more characters")
+    return matches[0]
 
 
 def _spki(public_key: object) -> bytes:

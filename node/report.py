@@ -197,7 +197,7 @@ def _markdown(
         "steps",
         "last eval loss",
         "last eval accuracy",
-        "best accuracy",
+        "best eval accuracy",
         "rounds",
         "sent",
         "vs fp32",
@@ -220,8 +220,9 @@ def _markdown(
     lines += [
         "",
         "- last eval loss and accuracy: the last evaluation in the node's metrics log, on the "
-        "task's eval data. Nodes evaluate while they train, so this is the model when its step "
-        "budget ran out, before the gossip rounds after it; best accuracy: its best evaluation. "
+        "task's eval data. A node evaluates while it trains and, once its step budget is spent, "
+        "every few seconds while gossip still mixes its model (`--idle-eval-interval`), so "
+        "this is its model at the end of the log; best eval accuracy: its best evaluation. "
         "Rounds and bytes sent are summed over restarts (a restarted node counts from zero "
         "again); steps are not, since it resumes.",
     ]
@@ -235,11 +236,11 @@ def _markdown(
     lines += [f"- {note}" for note in notes]
     lines += [
         "",
-        "## Loss",
+        "## Eval loss",
         "",
         f"![eval loss per node]({PLOTS_DIR}/loss.png)",
         "",
-        "## Accuracy",
+        "## Eval accuracy",
         "",
         f"![eval accuracy per node]({PLOTS_DIR}/accuracy.png)",
         "",
@@ -251,8 +252,8 @@ def _markdown(
         "",
         "## Over time",
         "",
-        "Each node's last evaluation at that moment: accuracy / distance to the neighbours (as "
-        "plotted above); `down` while a node that restarted later was not running, `-` before "
+        "Each node's last evaluation at that moment: eval accuracy / distance to the neighbours "
+        "(as plotted above); `down` while a node that restarted later was not running, `-` before "
         "its first evaluation.",
         "",
         *_timeline(histories, t0, t_end),

@@ -1,6 +1,7 @@
 """Revoked nodes: a list of node ids signed by the swarm's CA, spread by the nodes themselves.
 
-``murmur ca revoke CA_DIR NODE_ID...`` writes ``revoked.json`` in the CA dir: a version number,
+``murmur ca revoke CA_DIR NODE_ID...`` (full ids, or unique prefixes of ids the CA issued)
+writes ``revoked.json`` in the CA dir: a version number,
 the ids, and the CA's signature over both. A node adopts a list that is newer than its own and
 signed by its CA, wherever it comes from: the ``revoked.json`` in its state dir (looked at every
 few seconds, so an operator can drop one in), a hello, or a membership message (each node passes
@@ -29,7 +30,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from node.identity import load_key, write_atomic
-from node.pki import CA_CERT_FILE, CA_KEY_FILE
+from node.pki import CA_CERT_FILE, CA_KEY_FILE, resolve_node_id
 
 __all__ = [
     "MAX_BLOB_BYTES",
@@ -81,10 +82,14 @@ def _check_ids(node_ids: list[str]) -> None:
 def revoke(ca_dir: Path, node_ids: list[str]) -> Revocations:
     """Add ``node_ids`` to the CA's list (a new version, signed) and write it.
 
+    Each id is a full node id, or a unique prefix of one the CA issued (:func:`resolve_node_id`);
+    anything else is refused before anything is written.
+
     Raises:
-        ValueError: an id is not a node id, the list would grow past :data:`MAX_REVOKED`, or
-            the CA dir's current list does not parse.
+        ValueError: an id is no id, or a prefix of none or several that the CA issued; the list
+            would grow past :data:`MAX_REVOKED`; or the CA dir's current list does not parse.
     """
+    node_ids = [resolve_node_id(ca_dir, i) for i in node_ids]
     _check_ids(node_ids)
     key = load_key(ca_dir / CA_KEY_FILE)
     path = ca_dir / REVOKED_FILE

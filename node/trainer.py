@@ -46,6 +46,11 @@ class TrainerConfig:
         whose loss was finite; a loss that turns non-finite rolls back to the last one.
     max_rollbacks: rollbacks in a row (with no new finite copy between them) before the
         trainer gives up with :class:`Diverged`.
+    idle_eval_interval_s: once the step budget is spent, evaluate at most this often (and at
+        most a tenth of the time, for a model whose evaluation is slow), so that the accuracy a
+        node reports follows its model as gossip keeps mixing it; the trainer's thread then
+        runs until :meth:`Trainer.request_stop`. None: the thread ends with the budget (a
+        trainer alone, whose model nothing else moves).
     """
 
     steps: int | None = None
@@ -55,8 +60,15 @@ class TrainerConfig:
     slowdown: float = 1.0
     rollback_every: int = 50  # a rollback loses at most this many steps; a copy costs ~1 step
     max_rollbacks: int = 3  # a model that diverges again at once is not healed by retrying
+    # A status goes out every 2 s (MQTT) and a summary line every 10 s: a fresh figure for
+    # every few of them is enough; one evaluation of digits takes ~0.2 ms (median, 1 thread).
+    idle_eval_interval_s: float | None = 5.0
 
     def __post_init__(self) -> None:
+        if self.idle_eval_interval_s is not None and not self.idle_eval_interval_s > 0:
+            raise ValueError(
+                f"idle_eval_interval_s must be positive, got {self.idle_eval_interval_s}"
+            )
         if self.slowdown < 1:
             raise ValueError(f"slowdown must be at least 1, got {self.slowdown}")
         if self.step_time < 0:
@@ -66,16 +78,41 @@ class TrainerConfig:
         if self.max_rollbacks < 0:
             raise ValueError(f"max_rollbacks must not be negative, got {self.max_rollbacks}")
 
+    def idle_eval_wait(self, eval_s: float) -> float:
+        """Seconds to wait, after the budget, after an evaluation that took ``eval_s``: the
+        interval, or longer for a model so big that its evaluation would take more than
+        :data:`IDLE_EVAL_SHARE` of the time."""
+        interval = self.idle_eval_interval_s or 0.0
+        return max(interval, eval_s * (1 - IDLE_EVAL_SHARE) / IDLE_EVAL_SHARE)
+
     def wait_after(self, compute_s: float) -> float:
         """Seconds to wait after a step that computed for ``compute_s``."""
         return max(compute_s, self.step_time) * self.slowdown - compute_s
 
 
+#: After the budget, an evaluation takes at most this share of the time (its wait grows to
+#: ``(1 - share) / share`` times its own duration), whatever ``idle_eval_interval_s`` says.
+IDLE_EVAL_SHARE = 0.1
+
+
 @dataclass(frozen=True)
 class EvalResult:
+    """One evaluation on the task's eval data.
+
+    Args:
+        step: the step of the model it saw.
+        loss: mean loss on the eval data.
+        accuracy: top-1 accuracy on the eval data.
+        time: ``time.monotonic()`` when it ended.
+        after_budget: made after the step budget was spent (the model then moves by gossip
+            alone).
+    """
+
     step: int
     loss: float
     accuracy: float
+    time: float = 0.0
+    after_budget: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,8 +198,11 @@ class Trainer:
         after_step: called from the training thread after every step, with the step number and
             without the lock; it may block briefly (the node waits there for its last gossip
             round, local work only, so that gossip keeps pace with training).
-        on_eval: called from the training thread after every evaluation.
-        on_done: called from the training thread when it ends (budget spent, stopped or failed).
+        on_eval: called from the training thread after every evaluation: every ``eval_every``
+            steps, at the end of the budget, and then every ``idle_eval_interval_s`` until
+            stopped.
+        on_done: called from the training thread when training ends (budget spent, stopped or
+            failed); evaluations may follow it.
         on_rollback: called from the training thread after each rollback.
     """
 
@@ -216,6 +256,8 @@ class Trainer:
         self._stop.set()
 
     def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread: the end of the budget, or with ``idle_eval_interval_s`` set,
+        the stop that :meth:`request_stop` asks for."""
         if self._thread.ident is not None:  # never started: nothing to wait for
             self._thread.join(timeout)
 
@@ -226,7 +268,8 @@ class Trainer:
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        """Training: started, and neither done nor stopped (evaluations may go on after)."""
+        return self._thread.is_alive() and not self.done.is_set()
 
     @property
     def samples_per_s(self) -> float:
@@ -235,12 +278,31 @@ class Trainer:
         elapsed = end - self._started_at
         return self.samples / elapsed if self._started_at and elapsed > 0 else 0.0
 
-    def evaluate(self) -> EvalResult:
-        with self.model_lock:
+    def evaluate(self, after_budget: bool = False) -> EvalResult:
+        """Evaluate the model as it is now. A read: under the model lock (so no mixing lands
+        half way), without autograd, in eval mode, which leaves parameters, buffers and the
+        optimizer as they were."""
+        with self.model_lock, torch.no_grad():
             loss, acc = evaluate(self.task.model, self.task.eval, self.task.loss, self.device)
-        result = EvalResult(self.step, loss, acc)
+            step = self.step
+        result = EvalResult(step, loss, acc, time.monotonic(), after_budget)
         self.last_eval = result
         return result
+
+    def _evaluate_after_budget(self) -> None:
+        """Once the budget is spent gossip still mixes the model toward the neighbours', so
+        keep evaluating it, at a low rate, until stopped: the accuracy the node reports is its
+        model's, not the one it had when it stopped stepping."""
+        wait = self.cfg.idle_eval_wait(0.0)
+        while not self._stop.wait(wait):
+            began = time.perf_counter()
+            try:
+                result = self.evaluate(after_budget=True)
+            except Exception:  # training is over: a failed evaluation only ends evaluating
+                log.exception("evaluation after the step budget failed; no more evaluations")
+                return
+            self._on_eval(result)
+            wait = self.cfg.idle_eval_wait(time.perf_counter() - began)
 
     def _train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         with self.model_lock:
@@ -289,6 +351,7 @@ class Trainer:
     # -- the loop -----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        finished = False
         try:
             self.task.model.train()
             stream = batches(self.task, self.device, self.cfg.seed)
@@ -331,3 +394,5 @@ class Trainer:
             self._ended_at = time.perf_counter()
             self.done.set()
             self._on_done()
+        if finished and self.error is None and self.cfg.idle_eval_interval_s is not None:
+            self._evaluate_after_budget()

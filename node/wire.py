@@ -11,7 +11,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from gossip.codecs import Encoded
+from gossip.encoded import Encoded
 from gossip.messages import Delta, Hello, ModelChunk, ParamSpec, SnapshotHeader, TaskFingerprint
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
 from node.revocation import MAX_BLOB_BYTES

@@ -220,7 +220,7 @@ class NeighbourStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ..., weight: _Optional[float] = ..., bytes_received: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "loss", "accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples", "member_counts")
+    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "train_loss", "eval_accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples", "eval_loss", "eval_step", "eval_age_s", "member_counts")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -242,8 +242,8 @@ class NodeStatus(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     STEP_BUDGET_FIELD_NUMBER: _ClassVar[int]
     TRAINING_DONE_FIELD_NUMBER: _ClassVar[int]
-    LOSS_FIELD_NUMBER: _ClassVar[int]
-    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FP32_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +253,9 @@ class NodeStatus(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    EVAL_AGE_S_FIELD_NUMBER: _ClassVar[int]
     MEMBER_COUNTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
@@ -261,8 +264,8 @@ class NodeStatus(_message.Message):
     step: int
     step_budget: int
     training_done: bool
-    loss: float
-    accuracy: float
+    train_loss: float
+    eval_accuracy: float
     rounds: int
     bytes_sent: int
     bytes_sent_fp32: int
@@ -272,5 +275,8 @@ class NodeStatus(_message.Message):
     members: _containers.RepeatedCompositeFieldContainer[Member]
     rejected: _containers.ScalarMap[str, int]
     samples: int
+    eval_loss: float
+    eval_step: int
+    eval_age_s: float
     member_counts: _containers.ScalarMap[str, int]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., member_counts: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., train_loss: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_step: _Optional[int] = ..., eval_age_s: _Optional[float] = ..., member_counts: _Optional[_Mapping[str, int]] = ...) -> None: ...

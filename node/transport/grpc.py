@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
-import torch
 
 from gossip.clock import Clock
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
@@ -27,9 +27,19 @@ from node.penalties import Penalties, PenaltyConfig, SystemClock
 from node.pki import TLS_NAME, TlsFiles
 from node.signing import RecordScreen
 from node.status import NodeStatus
-from node.transport.base import Handler, Reason, Rejected, Unreachable, iter_chunks
+from node.transport.base import (
+    Handler,
+    HandshakeFailed,
+    Reason,
+    Rejected,
+    Unreachable,
+    iter_chunks,
+)
 from node.transport.grpc_server import REASON_KEY, Servicer, add_servicer
 from protos import murmur_pb2_grpc
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["GrpcTransport", "GrpcTransportConfig"]
 
@@ -113,6 +123,40 @@ class GrpcTransportConfig:
         return options
 
 
+_VERIFY_FAILED = re.compile(r"CERTIFICATE_VERIFY_FAILED: ([^:]+)")
+
+
+def _handshake_failure(address: str, details: str) -> HandshakeFailed | None:
+    """What a failed TLS handshake means, from gRPC's details (which name OpenSSL's error):
+    the client learns of a certificate it refuses by name, of one the server refused only by
+    the server closing the connection."""
+    if "WRONG_VERSION_NUMBER" in details:
+        return HandshakeFailed(
+            f"{address} speaks plain TCP (it runs --insecure), this node mutual TLS"
+        )
+    verify = _VERIFY_FAILED.search(details)
+    if verify is not None:
+        cause = verify.group(1).strip()
+        if "issuer" in cause:
+            cause = f"its certificate is not from this swarm's CA ({cause})"
+        return HandshakeFailed(f"TLS handshake with {address} failed: {cause}")
+    if "Failed to create security handshaker" in details:
+        return HandshakeFailed(
+            f"no TLS handshake with {address} could start: does this node's key fit its "
+            "certificate?"
+        )
+    # Closed while connecting (not mid-call, as a crash would): the server refused the handshake.
+    if "Socket closed" in details and "failed to connect" in details:
+        return HandshakeFailed(
+            f"{address} closed the connection in the handshake: it refused this node's "
+            "certificate (from another CA, or expired by its clock), or it runs mutual TLS "
+            "and this node plain TCP (--insecure)"
+        )
+    if "handshake" in details.lower():
+        return HandshakeFailed(f"TLS handshake with {address} failed: {details}")
+    return None
+
+
 def _error_of(
     address: str, code: grpc.StatusCode, details: str | None, metadata: Any
 ) -> Rejected | Unreachable:
@@ -124,7 +168,9 @@ def _error_of(
                 break
             return Rejected(reason, (details or "").removeprefix(f"{reason}: "))
     if code in _UNREACHABLE_CODES or code == grpc.StatusCode.OK:
-        return Unreachable(f"{address}: {code.name}: {details}")
+        return _handshake_failure(address, details or "") or Unreachable(
+            f"{address}: {code.name}: {details}"
+        )
     return Rejected(Reason.MALFORMED, f"{address} answered {code.name}: {details}")
 
 
@@ -223,7 +269,10 @@ class GrpcTransport:
                 )
                 port = server.add_secure_port(listen, creds)
         except RuntimeError as exc:
-            raise OSError(f"cannot listen on {listen}: {exc}") from exc
+            raise OSError(
+                f"cannot listen on {listen}: the port is taken, or the address is not this "
+                "machine's (GRPC_VERBOSITY=debug shows gRPC's own account)"
+            ) from exc
         await server.start()
         self._server = server
         self._servicer = servicer

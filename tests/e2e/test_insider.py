@@ -264,7 +264,7 @@ async def test_one_insider_cannot_eclipse_flood_poison_or_crash_the_swarm(tmp_pa
 
         async def trained() -> bool:
             statuses = await asyncio.gather(*(transport.call_status(p.address, 10) for p in procs))
-            return all(s.training_done and s.accuracy >= 0 for s in statuses)
+            return all(s.training_done and s.eval_accuracy >= 0 for s in statuses)
 
         await poll(trained, "every honest node to finish training", TIMEOUT_S)
         final = await asyncio.gather(*(transport.call_status(p.address, 10) for p in procs))
@@ -304,4 +304,4 @@ async def test_one_insider_cannot_eclipse_flood_poison_or_crash_the_swarm(tmp_pa
     assert pulls[0]["source"] != insider.address
     assert counts.get("poisoned_pulls_served", 0) >= 1  # and it was refused
     for s in final:
-        assert s.accuracy >= TARGET, (s.node_id[:8], s.accuracy)
+        assert s.eval_accuracy >= TARGET, (s.node_id[:8], s.eval_accuracy)
