@@ -57,7 +57,7 @@ def status_code(reason: Reason) -> grpc.StatusCode:
         return grpc.StatusCode.INVALID_ARGUMENT
     if reason in (Reason.SHUTTING_DOWN, Reason.NOT_READY):
         return grpc.StatusCode.UNAVAILABLE
-    if reason in (Reason.IDENTITY, Reason.REVOKED):
+    if reason in (Reason.IDENTITY, Reason.REVOKED, Reason.CERTIFICATE):
         return grpc.StatusCode.PERMISSION_DENIED
     if reason is Reason.RATE_LIMITED:
         return grpc.StatusCode.RESOURCE_EXHAUSTED

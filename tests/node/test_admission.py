@@ -253,7 +253,7 @@ async def test_certificates_a_node_cannot_hold_get_a_refusal_that_names_the_reas
         assert kind == "sub-ca-leaf"
         return
     assert isinstance(err, Rejected)
-    assert err.reason is Reason.CERTIFICATE
+    assert err.reason is Reason.CERTIFICATE  # PERMISSION_DENIED with the reason, not UNKNOWN
     assert words in err.detail
     assert live.node.counters.rejected["certificate"] == 1
 
