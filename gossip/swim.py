@@ -81,6 +81,7 @@ class MemberRecord:
     (:meth:`claim`): its address, its incarnation, and that it left. Suspicion and death are
     other members' claims, so a record that says them keeps the member's signature of "alive"
     and adds the accuser's: ``accuser`` and ``accuser_signature`` over :meth:`accusation`.
+    ``certificate`` (DER) is the swarm CA's proof that the id is a member's at all.
     """
 
     node_id: NodeId
@@ -89,6 +90,7 @@ class MemberRecord:
     status: Status = Status.ALIVE
     public_key: bytes = b""
     signature: bytes = b""
+    certificate: bytes = b""
     # swim: who accuses this member (suspect or dead), and its signature of that.
     accuser: NodeId = ""
     accuser_signature: bytes = b""
@@ -225,6 +227,8 @@ class Swim(FailureDetector):
     #: Signs this member's own records and accusations (with the key whose hash is its id).
     sign: Callable[[bytes], bytes] | None = None
     public_key: bytes = b""
+    #: The CA's certificate for this member's key (DER), carried on its own records.
+    certificate: bytes = b""
     #: Admits a record (its member's signature, and whatever else the node requires); every
     #: record passes through it, and those that fail are dropped (None: take all).
     verify: Callable[[MemberRecord], bool] | None = None
@@ -256,7 +260,10 @@ class Swim(FailureDetector):
             return record
         if self._signed is None or self._signed[0] != record:  # signing is slow: once per change
             signed = replace(
-                record, public_key=self.public_key, signature=self.sign(record.claim())
+                record,
+                public_key=self.public_key,
+                signature=self.sign(record.claim()),
+                certificate=self.certificate,
             )
             self._signed = (record, signed)
         return self._signed[1]

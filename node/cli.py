@@ -276,7 +276,16 @@ def _add_run_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         dest="metrics_host",
         metavar="HOST",
         default=s,
-        help=_h("metrics_host"),
+        help=_h(
+            "metrics_host", default="the --listen host; loopback for a wildcard such as 0.0.0.0"
+        ),
+    )
+    p.add_argument(
+        "--metrics-tls",
+        dest="metrics_tls",
+        action="store_true",
+        default=s,
+        help=_h("metrics_tls"),
     )
     p.add_argument(
         "--swim-period",

@@ -116,7 +116,10 @@ class NodeConfig:
         tls_dir: where node_key.pem, node_cert.pem and ca_cert.pem are (``murmur ca issue``
             makes them); defaults to the state dir.
         metrics_port: serve Prometheus metrics on this port (0 picks one; None: no metrics).
-        metrics_host: the address the metrics server binds.
+        metrics_host: the address the metrics server binds; None: the listen host, or loopback
+            when that is a wildcard (the metrics name the node and its address).
+        metrics_tls: serve the metrics over HTTPS and only to clients with a certificate from
+            the swarm's CA (the node's own TLS files).
         mqtt: an MQTT broker URL to publish status to (``node/mqtt.py``); None for none.
         mqtt_discovery: also announce this node's address there and join the members announced.
         mqtt_prefix, swarm: the topics are ``{mqtt_prefix}/{swarm}/{node_id}/...``.
@@ -143,7 +146,8 @@ class NodeConfig:
     insecure: bool = False
     tls_dir: Path | None = None
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str | None = None
+    metrics_tls: bool = False
     mqtt: str | None = None
     mqtt_discovery: bool = False
     mqtt_prefix: str = "murmur"
@@ -164,6 +168,8 @@ class NodeConfig:
             raise ValueError("summary_interval_s must not be negative (0 turns summaries off)")
         for address in (self.listen, *self.join, *filter(None, [self.advertise])):
             _check_address(address)
+        if self.metrics_tls and self.insecure:
+            raise ValueError("--metrics-tls needs the node's TLS files, so not --insecure")
         if self.mqtt_discovery and self.mqtt is None:
             raise ValueError("MQTT discovery needs a broker: give --mqtt URL")
         self.mqtt_config()  # raises on a bad URL, prefix or swarm name

@@ -48,7 +48,7 @@ from gossip.codecs import get_codec
 from gossip.messages import Delta, ParamSpec, TaskFingerprint
 from gossip.mixing import RoundPacer
 from gossip.outer import OuterNesterov
-from gossip.replicas import GossipState
+from gossip.replicas import GossipState, UpdateGuard, agreeing_pair, relative_distance
 from node.checkpoint import (
     CHECKPOINT_FILE,
     PREVIOUS_FILE,
@@ -66,15 +66,21 @@ from node.flat import FlatParams
 from node.gossiper import Gossiper, NeighbourView
 from node.identity import Identity, load_or_create_identity, write_atomic
 from node.links import transfer_timeout_s
-from node.metrics import MetricsServer
+from node.metrics import MetricsServer, MetricsTls, metrics_host
 from node.mqtt import MqttBridge
 from node.peers import JoinError, Peers
-from node.pki import load_tls
+from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, load_tls
 from node.progress import TickerConfig, fmt_duration, fmt_size
-from node.revocation import REVOKED_FILE, Revocations
+from node.revocation import REVOKED_FILE, Revocations, read_revocations_file
 from node.service import NodeService
-from node.signing import MemberVerifier, public_key_der, record_signer
-from node.status import NeighbourStatus, NodeStatus, status_to_json
+from node.signing import (
+    MemberVerifier,
+    RecordScreen,
+    certificate_der,
+    public_key_der,
+    record_signer,
+)
+from node.status import NeighbourStatus, NodeStatus, status_to_json, summarise_members
 from node.tasks.base import Shard, Task, load_task
 from node.telemetry import Counters, MetricsLog, json_safe
 from node.trainer import Diverged, EvalResult, Rollback, Trainer
@@ -89,7 +95,9 @@ log = logging.getLogger(__name__)
 Ts = TypeVarTuple("Ts")
 
 SUMMARY_FILE = "summary.json"
-#: How often a node looks for a new revocation list in its TLS dir.
+#: Models a joiner pulls at most, looking for two that agree.
+MAX_PULLS = 3
+#: How often a node looks for a new revocation list in its state dir.
 REVOCATIONS_POLL_S = 2.0
 #: A join that has not answered in 2 s says so, then ever less often (7, 17, 37, 67 s...).
 _JOIN_TICKS = TickerConfig(first_s=2.0, every_s=5.0, growth=2.0, max_s=30.0)
@@ -118,9 +126,10 @@ def _advertised(bound: str) -> str:
     return f"127.0.0.1:{port}"
 
 
-def _max_message_bytes(numel: int) -> int:
-    """An fp32 delta of the whole model plus headroom for headers: larger input is refused."""
-    return 4 * numel + (1 << 20)
+def _max_message_bytes(numel: int, codec: str, block_size: int) -> int:
+    """A delta of the whole model in the swarm's codec plus headroom for headers (and for
+    snapshot and model chunks, a MiB each): larger input is refused by gRPC itself."""
+    return get_codec(codec, block_size).encoded_nbytes(numel) + (1 << 20)
 
 
 class Node:
@@ -162,6 +171,8 @@ class Node:
             clock,
             rounding,
             session=random.getrandbits(62),
+            # With robust mixing a snapshot must also agree with a second member.
+            guard=UpdateGuard(consistency=1.0 if g.robust else None),
         )
         if resume is not None:
             self.state.public.copy_(resume.public)
@@ -193,6 +204,10 @@ class Node:
         if resume is not None and resume.optimizer is not None:
             self.trainer.optimizer.load_state_dict(dict(resume.optimizer))
         self.counters = Counters()
+        #: Which member records enter the view (admission by the CA: node/signing.py).
+        self.verifier = MemberVerifier(ca_pem, self.counters.rejected)
+        if isinstance(transport, GrpcTransport):
+            transport.screen = RecordScreen(self.verifier, clock)
         self.service = NodeService(self)
         self.peers = Peers(
             self.node_id,
@@ -208,7 +223,7 @@ class Node:
             spawn=self._spawn,
             on_view_change=self._view_changed,
             on_links_change=self._links_changed,
-            signing=(record_signer(identity), public_key_der(identity), MemberVerifier()),
+            signing=(record_signer(identity), public_key_der(identity), self.verifier),
             ca_pem=ca_pem,
             on_revocations=self._keep_revocations,
         )
@@ -262,11 +277,16 @@ class Node:
         task = factory(Shard(cfg.shard_index, cfg.shard_count, cfg.alpha, cfg.seed))
         if transport is None:
             numel = sum(p.numel() for p in task.model.parameters())
-            transport = GrpcTransport(GrpcTransportConfig(_max_message_bytes(numel), tls))
+            g = cfg.gossip
+            limit = _max_message_bytes(numel, g.codec, g.block_size)
+            transport = GrpcTransport(GrpcTransportConfig(limit, tls))
         resume, resume_path = await asyncio.to_thread(_restore, cfg, task)
         ca_pem = tls.ca_pem if tls else None
         clock = clock or MonotonicClock()
-        return cls(cfg, identity, task, device, transport, clock, resume, ca_pem, resume_path)
+        node = cls(cfg, identity, task, device, transport, clock, resume, ca_pem, resume_path)
+        if tls is not None:  # the CA's proof of this node's id rides on its member records
+            node.peers.swim.certificate = certificate_der(tls.cert_pem)
+        return node
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -295,9 +315,14 @@ class Node:
         self.peers.set_address(self.address)
         self.peers.membership.start()
         if self.cfg.metrics_port is not None:
-            host, port = self.cfg.metrics_host, self.cfg.metrics_port
+            key_dir = self.cfg.tls_dir or self.cfg.state_dir
+            tls = MetricsTls(key_dir / CERT_FILE, key_dir / KEY_FILE, key_dir / CA_CERT_FILE)
+            host = self.cfg.metrics_host or metrics_host(self.cfg.listen)
+            port = self.cfg.metrics_port
             try:
-                self.metrics_server = MetricsServer.start(self.status, host, port)
+                self.metrics_server = MetricsServer.start(
+                    self.status, host, port, tls if self.cfg.metrics_tls else None
+                )
             except OSError as err:
                 raise OSError(f"cannot serve metrics on {host}:{port}: {err.strerror}") from err
         self.metrics = MetricsLog(self.cfg.state_dir / METRICS_FILE)
@@ -429,18 +454,30 @@ class Node:
             log.warning("could not join %s, announced on the MQTT broker: %s", node_id[:8], err)
 
     async def _pull_model(self, helper: str) -> None:
-        """Start from the swarm's current model: pull it from a neighbour (or, failing that,
-        from a node we joined through), chunk by chunk, into one buffer.
+        """Start from the swarm's current model: pull it from the node we joined through and
+        from neighbours (then other members), chunk by chunk, each into a buffer of its own, and
+        adopt one only once a second member's model agrees with it (``agreeing_pair``).
 
-        The node's own model is replaced only once the whole model has arrived and checked, so
-        a transfer that fails half way changes nothing; training then starts from the initial
-        model, which costs time but loses nothing.
+        A member that serves a poisoned model (1e38 everywhere, a scaled copy) is outvoted: the
+        joiner pulls from another member until two agree, at most ``MAX_PULLS`` in all. With no
+        second member to ask (a swarm of one), the one model is adopted if it is plausible
+        beside the node's own initial model (``UpdateGuard``), as a snapshot would be. The
+        node's own model is replaced only by a whole model that passed, so a transfer that fails
+        or is refused changes nothing; training then starts from the initial model, which costs
+        time but loses nothing.
         """
         neighbours = [m.address for m in map(self.peers.view.get, self._neighbour_ids()) if m]
+        others = [m.address for m in self.peers.view.members if m.node_id != self.node_id]
         random.shuffle(neighbours)
+        random.shuffle(others)
+        # The helper first: it answered a moment ago.
+        candidates = list(dict.fromkeys([helper, *neighbours, *others]))
         numel = self.flat.numel
-        for address in [*neighbours, helper]:
-            started = time.monotonic()
+        pulled: list[tuple[str, torch.Tensor, int]] = []
+        started = time.monotonic()
+        for address in candidates:
+            if len(pulled) >= MAX_PULLS:
+                break
             log.info("pulling the swarm's model (%.1f MB) from %s", 4 * numel / 1e6, address)
             timeout_s = transfer_timeout_s(self.cfg.gossip.call_timeout_s, 4 * numel)
             chunks = self.transport.call_pull_model(address, self.node_id, timeout_s)
@@ -449,20 +486,49 @@ class Node:
             except (Rejected, Unreachable) as err:
                 log.warning("could not pull the model from %s: %s", address, err)
                 continue
-            await self.gossiper.adopt(buffer.to(self.device), random.getrandbits(62))
-            elapsed = time.monotonic() - started
-            log.info(
-                "started from the model of %s (its step %d): %s in %s (%s/s)",
-                address,
-                step,
-                fmt_size(4 * numel),
-                fmt_duration(elapsed),
-                fmt_size(4 * numel / elapsed) if elapsed > 0 else "-",
+            pulled.append((address, buffer, step))
+            pair = agreeing_pair([b for _, b, _ in pulled])
+            if pair is not None:
+                (source, values, step), (second, _, _) = pulled[pair[0]], pulled[pair[1]]
+                for address_, _, _ in pulled:
+                    if address_ not in (source, second):
+                        log.warning("the model pulled from %s agrees with no other", address_)
+                await self._adopt_pulled(values, source, step, started, agreed_with=second)
+                return
+        if len(pulled) == 1 and len(candidates) == 1:  # no second member to ask
+            source, values, step = pulled[0]
+            initial = self.flat.flat.detach().cpu()
+            guard = self.state.guard or UpdateGuard()
+            if relative_distance(values, initial, guard.floor_rms) <= guard.max_distance:
+                await self._adopt_pulled(values, source, step, started, agreed_with=None)
+                return
+        self.counters.rejected[str(Reason.IMPLAUSIBLE)] += len(pulled)
+        log.warning(
+            "could not pull a model that a second member's agrees with (%d pulled of %d "
+            "members asked); starting from the initial one",
+            len(pulled),
+            len(candidates),
+        )
+
+    async def _adopt_pulled(
+        self, values: torch.Tensor, source: str, step: int, started: float, agreed_with: str | None
+    ) -> None:
+        await self.gossiper.adopt(values.to(self.device), random.getrandbits(62))
+        elapsed = time.monotonic() - started
+        nbytes = 4 * values.numel()
+        log.info(
+            "started from the model of %s (its step %d%s): %s in %s (%s/s)",
+            source,
+            step,
+            f"; {agreed_with}'s agrees" if agreed_with else "",
+            fmt_size(nbytes),
+            fmt_duration(elapsed),
+            fmt_size(nbytes / elapsed) if elapsed > 0 else "-",
+        )
+        if self.metrics is not None:
+            self.metrics.write(
+                "pulled_model", source=source, source_step=step, agreed_with=agreed_with
             )
-            if self.metrics is not None:
-                self.metrics.write("pulled_model", source=address, source_step=step)
-            return
-        log.warning("could not pull the swarm's model from anyone; starting from the initial one")
 
     def _neighbour_ids(self) -> list[str]:
         g = self.cfg.gossip
@@ -751,6 +817,7 @@ class Node:
             )
         ev = self.trainer.last_eval
         c = self.counters
+        members, member_counts = summarise_members(self.peers.swim.records(), self.node_id)
         return NodeStatus(
             node_id=self.node_id,
             address=self.address,
@@ -771,8 +838,9 @@ class Node:
             samples_per_s=self.trainer.samples_per_s,
             samples=self.trainer.samples,
             neighbours=tuple(neighbours),
-            members=tuple(self.peers.swim.records()),
+            members=members,
             rejected=dict(c.rejected),
+            member_counts=member_counts,
         )
 
     def _capture(self) -> Checkpoint:
@@ -868,15 +936,20 @@ class Node:
 
     @property
     def _revocations_path(self) -> Path:
-        return (self.cfg.tls_dir or self.cfg.state_dir) / REVOKED_FILE
+        """The one place a node reads (and keeps) its revocation list: the state dir, which is
+        the node's own and writable, whatever ``--tls-dir`` says."""
+        return self.cfg.state_dir / REVOKED_FILE
 
     async def _watch_revocations(self) -> None:
-        """Look at ``revoked.json`` in the TLS dir every few seconds: an operator (or a
+        """Look at ``revoked.json`` in the state dir every few seconds: an operator (or a
         deployment tool) drops a new list there, and this node adopts and spreads it."""
         seen = b""
+        path = self._revocations_path
+        stray = self.cfg.tls_dir / REVOKED_FILE if self.cfg.tls_dir else None
+        if stray is not None and stray != path and stray.exists():
+            log.warning("ignoring %s: revocation lists are read from %s", stray, path)
         while True:
-            path = self._revocations_path
-            blob = await asyncio.to_thread(path.read_bytes) if path.exists() else b""
+            blob = await asyncio.to_thread(read_revocations_file, path)
             if blob != seen:
                 seen = blob
                 self.peers.adopt_revocations(blob, str(path))

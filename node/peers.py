@@ -17,6 +17,7 @@ from node.config import GossipConfig
 from node.gossiper import Gossiper
 from node.links import LinkConfig, PeerLink
 from node.membership import Membership
+from node.penalties import LogLimiter, RateConfig, RateLimiter, held_back
 from node.revocation import Revocations, parse_revocations
 from node.signing import signature_holds
 from node.telemetry import Counters
@@ -80,6 +81,11 @@ class Peers:
         self.ca_pem = ca_pem
         self._on_revocations = on_revocations
         self._spread_left = 0
+        # Parsing a list costs a JSON parse and a signature check: a few per source, then one
+        # every few seconds; an honest source sends the same list again, which costs nothing.
+        self._revocation_rate = RateLimiter(RateConfig(rate=0.2, burst=3), clock)
+        self._revocation_log = LogLimiter(clock)
+        self._callback_log = LogLimiter(clock)
         if signing is not None:
             self.swim.sign, self.swim.public_key, verify = signing
             # A revoked node's records are refused, so it cannot come back into any view.
@@ -136,12 +142,16 @@ class Peers:
         neighbours and closes their links), and this node passes the list on with its next
         few membership messages.
         """
-        if not blob or self.ca_pem is None:
+        if not blob or self.ca_pem is None or blob == self.revocations.blob:
+            return False
+        if not self._revocation_rate.allow(source):
             return False
         try:
             new = parse_revocations(blob, self.ca_pem)
         except ValueError as err:
-            log.warning("ignored a revocation list from %s: %s", source, err)
+            self.counters.rejected[str(Reason.BAD_REVOCATIONS)] += 1
+            if (held := self._revocation_log.allow(source)) is not None:
+                log.warning("ignored a revocation list from %s: %s%s", source, err, held_back(held))
             return False
         if new.version <= self.revocations.version:
             return False
@@ -152,7 +162,8 @@ class Peers:
             new.version,
             source,
             len(new.node_ids),
-            " ".join(sorted(i[:8] for i in new.node_ids)),
+            " ".join(sorted(i[:8] for i in new.node_ids)[:20])
+            + (" ..." if len(new.node_ids) > 20 else ""),
         )
         for node_id in new.node_ids:
             self.swim.expel(node_id)
@@ -198,15 +209,25 @@ class Peers:
             callback_s = self.cfg.call_timeout_s / 2
             answered = await self.membership.check_address(joiner.address, callback_s)
         except (Unreachable, Rejected) as err:
-            raise Rejected(
-                Reason.BAD_ADDRESS,
-                f"nobody answers at your address {joiner.address} ({err}); "
-                "set --advertise to an address others can dial",
-            ) from err
+            answered = ""
+            why = str(err)
+        else:
+            why = f"node {answered[:8]} answers there"
         if answered != joiner.node_id:
+            # One answer whatever went wrong: the call-back's own error (refused, reset, timed
+            # out, someone else answers) would make this node a port scanner for any member.
+            if (held := self._callback_log.allow(joiner.node_id)) is not None:
+                log.info(
+                    "joiner %s not at %s: %s%s",
+                    joiner.node_id[:8],
+                    joiner.address,
+                    why,
+                    held_back(held),
+                )
             raise Rejected(
                 Reason.BAD_ADDRESS,
-                f"another node ({answered[:8]}) answers at your address {joiner.address}",
+                f"nobody answers as {joiner.node_id[:8]} at your address {joiner.address}; "
+                "set --advertise to an address others can dial",
             )
         self.membership.merge([joiner, *hello.members], relayer=joiner.node_id)
         await self.membership.settle()

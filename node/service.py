@@ -15,7 +15,13 @@ import torch
 
 from gossip.codecs import CodecError, NonFiniteError, tensor_from_bytes
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
-from gossip.replicas import GossipError, SequenceGap, StaleSequence, UnknownPeer
+from gossip.replicas import (
+    GossipError,
+    ImplausibleUpdate,
+    SequenceGap,
+    StaleSequence,
+    UnknownPeer,
+)
 from gossip.swim import SwimMessage
 from node import wire
 from node.penalties import Penalties, PenaltyConfig, RateConfig, RateLimiter, SystemClock
@@ -40,6 +46,8 @@ def reason_of(err: Exception) -> Reason:
         return Reason.STALE
     if isinstance(err, NonFiniteError):
         return Reason.NON_FINITE
+    if isinstance(err, ImplausibleUpdate):
+        return Reason.IMPLAUSIBLE
     return Reason.BAD_PAYLOAD
 
 

@@ -213,8 +213,11 @@ class RunSettings(_Schema):
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = Field(
         None, description="serve Prometheus metrics on this port (none: off)"
     )
-    metrics_host: Annotated[str, Field(min_length=1)] = Field(
-        "0.0.0.0", description="address the metrics server binds"
+    metrics_host: Annotated[str, Field(min_length=1)] | None = Field(  # the metrics name the node
+        None, description="address the metrics server binds (none: the listen host, or loopback)"
+    )
+    metrics_tls: bool = Field(
+        False, description="serve the metrics over HTTPS, only to certificates of the swarm's CA"
     )
     mqtt: str | None = Field(None, description="publish status to this broker, mqtt://host:port")
     mqtt_discovery: bool = Field(False, description="announce and join through the broker")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -11,6 +13,7 @@ from gossip.swim import MemberRecord, Status
 from node.progress import fmt_size
 
 __all__ = [
+    "MAX_STATUS_MEMBERS",
     "NeighbourStatus",
     "NodeStatus",
     "eval_summary",
@@ -18,7 +21,12 @@ __all__ = [
     "format_status",
     "format_summary",
     "status_to_json",
+    "summarise_members",
 ]
+
+#: Members a status names; the rest are only counted, so that a Status answer, a scrape and an
+#: MQTT message stay small however many members a node knows.
+MAX_STATUS_MEMBERS = 64
 
 
 @dataclass(frozen=True)
@@ -62,13 +70,35 @@ class NodeStatus:
     #: Seconds since that evaluation, when the status was made (-1 before the first).
     eval_age_s: float = -1.0
     neighbours: tuple[NeighbourStatus, ...] = ()
-    members: tuple[MemberRecord, ...] = ()  # everyone this node knows of, the dead included
+    #: The first members this node knows of (itself, the live, then the dead and departed),
+    #: at most MAX_STATUS_MEMBERS.
+    members: tuple[MemberRecord, ...] = ()
     rejected: dict[str, int] = field(default_factory=dict)
+    #: Every member this node knows of, by status ("alive", "suspect", "dead", "left").
+    member_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def live_members(self) -> int:
+        """Alive and suspect members, counted (itself included)."""
+        if self.member_counts:
+            return self.member_counts.get("alive", 0) + self.member_counts.get("suspect", 0)
+        return sum(m.live for m in self.members)
 
     @property
     def compression_ratio(self) -> float:
         """Bytes sent as a fraction of what fp32 payloads would have taken."""
         return self.bytes_sent / self.bytes_sent_fp32 if self.bytes_sent_fp32 else 1.0
+
+
+def summarise_members(
+    records: Iterable[MemberRecord], me: str, limit: int = MAX_STATUS_MEMBERS
+) -> tuple[tuple[MemberRecord, ...], dict[str, int]]:
+    """The members a status names (``me`` first, then the live, then the others, each by id; at
+    most ``limit``) and every member counted by status."""
+    everyone = list(records)
+    counts = Counter(str(r.status) for r in everyone)
+    order = sorted(everyone, key=lambda r: (r.node_id != me, not r.live, r.node_id))
+    return tuple(order[:limit]), {str(s): counts.get(str(s), 0) for s in Status}
 
 
 def finite(value: Any) -> Any:
@@ -132,11 +162,13 @@ def format_status(s: NodeStatus) -> str:
             f"    {n.node_id[:12]:12} {n.address:21} {n.replica_seq:>6} {silent:>7} "
             f"{'yes' if n.in_mix else 'no':>3} {dist:>9} {fmt_size(n.bytes_sent):>10}"
         )
-    live = [m for m in s.members if m.live]
-    lines.append(f"  members ({len(live)} live):")
+    lines.append(f"  members ({s.live_members} live):")
     for m in s.members:
         mark = "" if m.status is Status.ALIVE else f" ({m.status})"
         lines.append(f"    {m.node_id[:12]:12} {m.address:21} incarnation {m.incarnation}{mark}")
+    known = sum(s.member_counts.values())
+    if known > len(s.members):
+        lines.append(f"    ... and {known - len(s.members)} more")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ from gossip.codecs import CodecError
 from gossip.membership import MemberView, relink
 from gossip.messages import PROTOCOL_VERSION, Delta, SnapshotHeader
 from gossip.mixing import RoundPacer, send_and_mix
-from gossip.replicas import GossipError, GossipState
+from gossip.replicas import GossipError, GossipState, UpdateGuard
 from gossip.swim import Outgoing, Swim, SwimMessage
 from node import wire
 from node.flat import FlatParams
@@ -81,7 +81,8 @@ class SimNode:
             task, CPU, cfg.seed * 1_000_003 + shard
         )
         rounding = torch.Generator().manual_seed(rng.getrandbits(62))
-        self.state = GossipState(self.flat.flat, sim.codec, sim.clock, rounding, session)
+        guard = UpdateGuard(consistency=1.0 if g.robust else None)  # as the daemon's
+        self.state = GossipState(self.flat.flat, sim.codec, sim.clock, rounding, session, guard)
         self.swim = Swim(
             node_id,
             self.address,

@@ -59,6 +59,17 @@ class Reason(StrEnum):
     RATE_LIMITED = "rate_limited"
     #: The sender sent too many bad messages lately and is kept out for a while.
     BANNED = "banned"
+    #: The caller's certificate is from the swarm's CA but unfit for a node (key type, a CA).
+    CERTIFICATE = "certificate"
+    #: Member records dropped for want of proof that a certificate of the swarm's CA names
+    #: their id (counted per record; the message carrying them is taken).
+    UNADMITTED = "unadmitted"
+    #: Member records dropped unchecked: their relayer spent its budget of signature checks.
+    OVER_BUDGET = "over_budget"
+    #: A delta or snapshot that would move a replica absurdly far (gossip/replicas.py).
+    IMPLAUSIBLE = "implausible"
+    #: A revocation list that is too large, malformed, or not signed by the swarm's CA.
+    BAD_REVOCATIONS = "bad_revocations"
 
 
 #: Reasons that mean the message itself is wrong (INVALID_ARGUMENT); the others mean it does not

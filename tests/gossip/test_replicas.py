@@ -10,7 +10,16 @@ import torch
 
 from gossip.clock import ManualClock
 from gossip.codecs import CodecError, Encoded, NonFiniteError, get_codec
-from gossip.replicas import GossipState, SequenceGap, StaleSequence, UnknownPeer
+from gossip.replicas import (
+    GossipState,
+    ImplausibleUpdate,
+    SequenceGap,
+    StaleSequence,
+    UnknownPeer,
+    UpdateGuard,
+    agreeing_pair,
+    relative_distance,
+)
 
 DIM = 300
 
@@ -253,3 +262,89 @@ def test_a_delta_that_would_overflow_the_replica_changes_nothing() -> None:
         state.receive_delta("a", 1, 1, payload)
     assert state.replicas["a"].seq == 0
     assert torch.equal(state.replicas["a"].value, big)
+
+
+def guarded(consistency: float | None = None, seed: int = 1) -> GossipState:
+    x0 = torch.randn(DIM, generator=torch.Generator().manual_seed(seed))
+    guard = UpdateGuard(consistency=consistency)
+    state = GossipState(x0, get_codec("fp32"), ManualClock(), session=seed, guard=guard)
+    for peer in ("s", "t"):
+        state.admit(peer)
+    return state
+
+
+def test_updates_that_would_move_a_replica_absurdly_far_change_nothing() -> None:
+    state = guarded()
+    near = state.public + 0.1 * torch.randn(DIM, generator=torch.Generator().manual_seed(7))
+    state.receive_snapshot("s", 1, 0, near)
+    assert 0 < state.largest_move < 0.2
+    before = fingerprint(state)
+    # A snapshot of 1e38 everywhere is finite; so is a delta of float32's largest steps.
+    with pytest.raises(ImplausibleUpdate, match="times our model's norm"):
+        state.receive_snapshot("t", 1, 0, torch.full((DIM,), 1e38))
+    with pytest.raises(ImplausibleUpdate):
+        state.receive_delta("s", 1, 1, get_codec("fp32").encode(torch.full((DIM,), 1e30)))
+    assert fingerprint(state) == before
+    # Honest drift applies.
+    seq = state.receive_delta("s", 1, 1, get_codec("fp32").encode(0.01 * near))
+    assert seq == 1
+
+
+def test_the_bound_is_our_own_model_so_a_replica_cannot_walk_away_step_by_step() -> None:
+    state = guarded()
+    state.receive_snapshot("s", 1, 0, state.public.clone())
+    step = get_codec("fp32").encode(state.public.clone())  # one whole norm a delta
+    norm = float(state.public.norm())
+    applied = 0
+    for seq in range(1, 100):
+        try:
+            state.receive_delta("s", 1, seq, step)
+        except ImplausibleUpdate:
+            break
+        applied += 1
+    # It walked as far as the bound and no further, however small each step.
+    assert applied == int(UpdateGuard().max_distance)
+    distance = float((state.replicas["s"].value - state.public).norm()) / norm
+    assert distance <= UpdateGuard().max_distance
+
+
+def test_a_model_near_zero_is_judged_against_a_floor() -> None:
+    state = GossipState(torch.zeros(DIM), get_codec("fp32"), ManualClock(), guard=UpdateGuard())
+    state.admit("s")
+    state.receive_snapshot("s", 1, 0, torch.full((DIM,), 0.1))  # ten times the floor of 0.01
+    with pytest.raises(ImplausibleUpdate):
+        state.receive_snapshot("s", 1, 1, torch.full((DIM,), 1.0))
+
+
+def test_with_robust_mixing_a_snapshot_must_agree_with_a_second_member() -> None:
+    state = guarded(consistency=1.0)
+    far = state.public * 10  # a scaled model: within the absurd bound, but no one's
+    # With no other neighbour to agree with, only the absurd bound applies.
+    state.receive_snapshot("s", 1, 0, far)
+    state.forget("s")
+    state.admit("s")
+    honest = state.public + 0.05 * torch.randn(DIM, generator=torch.Generator().manual_seed(8))
+    state.receive_snapshot("t", 1, 0, honest)
+    with pytest.raises(ImplausibleUpdate, match="other neighbours"):
+        state.receive_snapshot("s", 1, 0, far)
+    assert "s" not in state.replicas
+    # A model far from ours but near another neighbour's is consistent (we are the odd one).
+    state.public.mul_(-1)
+    state.receive_snapshot("s", 1, 0, honest + 0.01)
+    # Without robust mixing the scaled model is taken: it is not absurd.
+    plain = guarded()
+    plain.receive_snapshot("t", 1, 0, honest)
+    plain.receive_snapshot("s", 1, 0, far)
+
+
+def test_pulled_models_are_adopted_only_once_two_agree() -> None:
+    x = torch.randn(DIM, generator=torch.Generator().manual_seed(3))
+    near = x + 0.02 * torch.randn(DIM, generator=torch.Generator().manual_seed(4))
+    poisons = [torch.full((DIM,), 1e38), 10 * x, -x]
+    for poison in poisons:
+        assert agreeing_pair([poison, x]) is None
+        assert agreeing_pair([poison, x, near]) == (1, 2)
+        assert agreeing_pair([x, poison, near]) == (0, 2)
+    assert agreeing_pair([x, near]) == (0, 1)
+    assert agreeing_pair([x]) is None
+    assert relative_distance(x, x) == 0.0

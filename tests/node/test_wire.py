@@ -127,6 +127,18 @@ def test_malformed_membership_messages_are_refused(message: pb.SwimMessage) -> N
     assert info.value.reason is Reason.MALFORMED
 
 
+def test_a_push_pull_carries_a_full_state_where_a_ping_is_bounded() -> None:
+    records = tuple(MemberRecord(f"m{i}", f"h:{i + 1}", 1) for i in range(512))
+    for kind in (Kind.PUSH_PULL, Kind.PUSH_PULL_REPLY):
+        message = SwimMessage(kind, "a1", "h:1", 3, "", records)
+        raw = wire.swim_to_pb(message, PROTOCOL_VERSION).SerializeToString()
+        assert wire.swim_from_pb(pb.SwimMessage.FromString(raw))[1].updates == records
+    ping = SwimMessage(Kind.PING, "a1", "h:1", 3, "", records[: wire.MAX_SWIM_UPDATES + 1])
+    with pytest.raises(Rejected) as info:
+        wire.swim_from_pb(pb.SwimMessage.FromString(wire.swim_to_pb(ping, 1).SerializeToString()))
+    assert info.value.reason is Reason.MALFORMED
+
+
 def test_model_chunks_round_trip() -> None:
     chunk = ModelChunk(numel=10, offset=4, data=b"\0" * 24, step=3)
     raw = wire.model_chunk_to_pb(chunk).SerializeToString()
