@@ -1,11 +1,13 @@
-"""Codec throughput on a 10M-parameter vector, as ratios to a plain copy of it in the same run.
+"""Codec throughput on a 10M-parameter vector, as ratios to a plain copy and to int8 in one run.
 
     python -m bench.codec_throughput [--numel 10000000] [--device cpu] [--repeat 7]
+        [--fraction 0.01] [--codecs int8 topk ...]
 
 Times are medians over ``--repeat`` runs after a warm-up. "encode" is what a sender pays per
 round (quantize on the device, then the bytes to the host); "decode" is what a receiver pays
 (bytes to the device, dequantize). The baseline is ``x.clone()``: one read and one write of the
-fp32 vector, the least any codec must do.
+fp32 vector, the least any codec must do. The sparse codecs (topk, randk, dct-topk) send
+``--fraction`` of each block; their bytes and times are also given against int8's.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from functools import partial
 
 import torch
 
-from gossip.codecs import CODECS, get_codec
+from gossip.codecs import CODECS, DEFAULT_FRACTION, get_codec
 
 
 def _sync(device: torch.device) -> None:
@@ -44,6 +46,8 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--fraction", type=float, default=DEFAULT_FRACTION)
+    parser.add_argument("--codecs", nargs="*", default=list(CODECS), choices=list(CODECS))
     args = parser.parse_args()
     device = torch.device(args.device)
     x = torch.randn(args.numel, generator=torch.Generator().manual_seed(0)).to(device)
@@ -51,19 +55,27 @@ def main() -> None:
     copy_s = median_s(x.clone, device, args.repeat)
     print(
         f"# {args.numel:,} float32 values on {device}, block size {args.block_size}, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f"sparse fraction {args.fraction}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
     )
     print(f"# baseline x.clone(): {1e3 * copy_s:.2f} ms ({4 * args.numel / copy_s / 1e9:.2f} GB/s)")
-    print("| codec | bytes vs fp32 | encode ms | encode / copy | decode ms | decode / copy |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name in CODECS:
-        codec = get_codec(name, args.block_size)
+    print(
+        "| codec | bytes vs fp32 | bytes vs int8 | encode ms | encode / copy | encode / int8 "
+        "| decode ms | decode / copy | decode / int8 |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    names = ["int8", *(n for n in args.codecs if n != "int8")]  # int8 first: the reference
+    ref: tuple[int, float, float] | None = None
+    for name in names:
+        codec = get_codec(name, args.block_size, args.fraction)
         enc = codec.encode(x, gen)
         encode_s = median_s(partial(codec.compress, x, gen), device, args.repeat)
         decode_s = median_s(partial(codec.decode, enc, device), device, args.repeat)
+        ref = ref or (enc.nbytes, encode_s, decode_s)
         print(
-            f"| {name} | {enc.nbytes / (4 * args.numel):.3f} | {1e3 * encode_s:.1f} | "
-            f"{encode_s / copy_s:.1f} | {1e3 * decode_s:.1f} | {decode_s / copy_s:.1f} |"
+            f"| {name} | {enc.nbytes / (4 * args.numel):.4f} | {enc.nbytes / ref[0]:.4f} | "
+            f"{1e3 * encode_s:.1f} | {encode_s / copy_s:.1f} | {encode_s / ref[1]:.2f} | "
+            f"{1e3 * decode_s:.1f} | {decode_s / copy_s:.1f} | {decode_s / ref[2]:.2f} |"
         )
 
 

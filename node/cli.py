@@ -57,6 +57,13 @@ def _add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
     )
     p.add_argument("--block-size", dest="gossip.block_size", type=int, default=d)
     p.add_argument(
+        "--compress-fraction",
+        dest="gossip.compress_fraction",
+        type=float,
+        default=d,
+        help="share of each block topk, randk and dct-topk send (default 0.01)",
+    )
+    p.add_argument(
         "--gamma",
         dest="gossip.gamma",
         type=float,
