@@ -72,6 +72,11 @@ _INT8_LEVELS = 127
 _SYNTHESIS_ELEMENTS = 1 << 22  # dct-topk decodes in slices of this many products (16 MiB)
 
 
+def _to_bf16(v: torch.Tensor) -> torch.Tensor:
+    """Round to bfloat16, clamped first: float32 values past its max would round to infinity."""
+    return v.clamp(-_BF16_MAX, _BF16_MAX).to(torch.bfloat16)
+
+
 class SparseCodec(Codec):
     """Keeps ``k = round(fraction * block_size)`` entries of each block.
 
@@ -174,8 +179,7 @@ class SparseCodec(Codec):
         return idx
 
     def _bf16_to_bytes(self, v: torch.Tensor) -> bytes:
-        # Clamped first: float32 values above bfloat16's max would round to infinity.
-        return tensor_to_bytes(v.clamp(-_BF16_MAX, _BF16_MAX).to(torch.bfloat16).view(torch.int16))
+        return tensor_to_bytes(v.view(torch.int16))  # numpy has no bfloat16; the bits are kept
 
     def _bf16_from_bytes(self, raw: bytes, nb: int, device: torch.device) -> torch.Tensor:
         v = tensor_from_bytes(raw, torch.int16, device).view(torch.bfloat16).view(nb, self.k)
@@ -219,8 +223,7 @@ class TopKCodec(SparseCodec):
         self, xb: torch.Tensor, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, ...]:
         idx = xb.abs().topk(self.k, dim=1, sorted=False).indices.sort(dim=1).values  # (nb, k)
-        values = xb.gather(1, idx).clamp(-_BF16_MAX, _BF16_MAX).to(torch.bfloat16)
-        return idx, values
+        return idx, _to_bf16(xb.gather(1, idx))
 
     def _to_bytes(self, parts: tuple[torch.Tensor, ...]) -> tuple[bytes, bytes]:
         idx, values = parts
@@ -284,8 +287,7 @@ class RandKCodec(SparseCodec):
         seed = torch.randint(0, 1 << 62, (), generator=generator, device=device)
         seed_t = seed.to(device="cpu", dtype=torch.int64).view(1)
         idx = randk_indices(int(seed_t), xb.shape[0], self.block_size, self.k).to(xb.device)
-        values = xb.gather(1, idx).clamp(-_BF16_MAX, _BF16_MAX).to(torch.bfloat16)
-        return idx, values, seed_t
+        return idx, _to_bf16(xb.gather(1, idx)), seed_t
 
     def _to_bytes(self, parts: tuple[torch.Tensor, ...]) -> tuple[bytes, bytes]:
         _, values, seed = parts
