@@ -3,11 +3,12 @@
     python -m bench.codec_throughput [--numel 10000000] [--device cpu] [--repeat 7]
         [--fraction 0.01] [--codecs int8 topk ...]
 
-Times are medians over ``--repeat`` runs after a warm-up. "encode" is what a sender pays per
-round (quantize on the device, then the bytes to the host); "decode" is what a receiver pays
-(bytes to the device, dequantize). The baseline is ``x.clone()``: one read and one write of the
-fp32 vector, the least any codec must do. The sparse codecs (topk, randk, dct-topk) send
-``--fraction`` of each block; their bytes and times are also given against int8's.
+Times are medians over ``--repeat`` runs after a warm-up, every codec timed in turn within each
+run so that a shared machine's changing load reaches all of them alike. "encode" is what a
+sender pays per round (quantize on the device, then the bytes to the host); "decode" is what a
+receiver pays (bytes to the device, dequantize). The baseline is ``x.clone()``: one read and one
+write of the fp32 vector, the least any codec must do. The sparse codecs (topk, randk, dct-topk)
+send ``--fraction`` of each block; their bytes and times are also given against int8's.
 """
 
 from __future__ import annotations
@@ -28,16 +29,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_s(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
-    fn()
+def medians_s(
+    fns: dict[str, Callable[[], object]], device: torch.device, repeat: int
+) -> dict[str, float]:
+    """Median seconds of each function, timed in turns (one call of each per turn), so that a
+    change of the machine's load during the run reaches every ratio alike."""
+    for fn in fns.values():
+        fn()  # warm-up
     _sync(device)
-    times = []
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -52,7 +59,15 @@ def main() -> None:
     device = torch.device(args.device)
     x = torch.randn(args.numel, generator=torch.Generator().manual_seed(0)).to(device)
     gen = torch.Generator(device=device).manual_seed(0)
-    copy_s = median_s(x.clone, device, args.repeat)
+    names = ["int8", *(n for n in args.codecs if n != "int8")]  # int8 first: the reference
+    codecs = {name: get_codec(name, args.block_size, args.fraction) for name in names}
+    encoded = {name: codec.encode(x, gen) for name, codec in codecs.items()}
+    fns: dict[str, Callable[[], object]] = {"copy": x.clone}
+    for name, codec in codecs.items():
+        fns[f"{name} encode"] = partial(codec.compress, x, gen)
+        fns[f"{name} decode"] = partial(codec.decode, encoded[name], device)
+    t = medians_s(fns, device, args.repeat)
+    copy_s = t["copy"]
     print(
         f"# {args.numel:,} float32 values on {device}, block size {args.block_size}, "
         f"sparse fraction {args.fraction}, torch {torch.__version__}, "
@@ -64,16 +79,11 @@ def main() -> None:
         "| decode ms | decode / copy | decode / int8 |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    names = ["int8", *(n for n in args.codecs if n != "int8")]  # int8 first: the reference
-    ref: tuple[int, float, float] | None = None
+    ref = encoded["int8"].nbytes, t["int8 encode"], t["int8 decode"]
     for name in names:
-        codec = get_codec(name, args.block_size, args.fraction)
-        enc = codec.encode(x, gen)
-        encode_s = median_s(partial(codec.compress, x, gen), device, args.repeat)
-        decode_s = median_s(partial(codec.decode, enc, device), device, args.repeat)
-        ref = ref or (enc.nbytes, encode_s, decode_s)
+        nbytes, encode_s, decode_s = encoded[name].nbytes, t[f"{name} encode"], t[f"{name} decode"]
         print(
-            f"| {name} | {enc.nbytes / (4 * args.numel):.4f} | {enc.nbytes / ref[0]:.4f} | "
+            f"| {name} | {nbytes / (4 * args.numel):.4f} | {nbytes / ref[0]:.4f} | "
             f"{1e3 * encode_s:.1f} | {encode_s / copy_s:.1f} | {encode_s / ref[1]:.2f} | "
             f"{1e3 * decode_s:.1f} | {decode_s / copy_s:.1f} | {decode_s / ref[2]:.2f} |"
         )

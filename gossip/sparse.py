@@ -69,7 +69,6 @@ _BF16_MAX = torch.finfo(torch.bfloat16).max
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 _EXACT = (1 << 24) - 1  # float32 holds every integer up to 2^24 exactly
 _INT8_LEVELS = 127
-_SYNTHESIS_ELEMENTS = 1 << 22  # dct-topk decodes in slices of this many products (16 MiB)
 
 
 def _to_bf16(v: torch.Tensor) -> torch.Tensor:
@@ -397,15 +396,14 @@ class DctTopKCodec(SparseCodec):
     def _synthesize(self, parts: tuple[torch.Tensor, ...], numel: int) -> torch.Tensor:
         idx, codes, scales = parts
         _, basis = self._bases(idx.device)
-        out = torch.empty(idx.shape[0], self.block_size, device=idx.device)  # (nb, B)
-        step = max(1, _SYNTHESIS_ELEMENTS // (self.k * self.block_size))  # blocks per slice
-        for lo in range(0, idx.shape[0], step):
-            hi = lo + step
-            terms = basis[idx[lo:hi]] * codes[lo:hi, :, None].to(torch.float32)  # (nb, k, B)
-            # Elementwise and a sum, not a matmul (which TF32 or a BLAS may round): each term
-            # is an integer below 127 * R and each partial sum one below 2^24, so the sum is
-            # exact in any order, on any device.
-            torch.sum(terms, dim=1, out=out[lo:hi])
+        out = torch.zeros(idx.shape[0], self.block_size, device=idx.device)  # (nb, B)
+        rows = torch.empty_like(out)
+        # Elementwise, not a matmul (which TF32 or a BLAS may round): each term is an integer
+        # below 127 * R and each partial sum one below 2^24, so the sum is exact in any order,
+        # on any device.
+        for j in range(self.k):
+            torch.index_select(basis, 0, idx[:, j], out=rows)
+            out.addcmul_(rows, codes[:, j, None].to(torch.float32))
         out.mul_(scales[:, None])
         return out.view(-1)[:numel]
 
