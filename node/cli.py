@@ -112,6 +112,13 @@ def _add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         help=_h("gossip.block_size", "values per quantization scale, a multiple of 8"),
     )
     p.add_argument(
+        "--compress-fraction",
+        dest="gossip.compress_fraction",
+        type=float,
+        default=d,
+        help="share of each block topk, randk and dct-topk send (default 0.01)",
+    )
+    p.add_argument(
         "--gamma",
         dest="gossip.gamma",
         metavar="G",

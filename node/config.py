@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gossip.codecs import CODECS
+from gossip.codecs import CODECS, DEFAULT_FRACTION
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
 from node.mqtt_messages import MqttConfig
@@ -17,12 +17,33 @@ from node.settings import ATTACKS, FLAG_KEYS, RunSettings
 from node.settings_sources import load_settings
 from node.trainer import TrainerConfig
 
-__all__ = ["ATTACKS", "DEFAULT_GAMMA", "GossipConfig", "NodeConfig", "gossip_config", "node_config"]
+__all__ = [
+    "ATTACKS",
+    "DEFAULT_GAMMA",
+    "SPARSE_GAMMA_PER_SHARE",
+    "GossipConfig",
+    "NodeConfig",
+    "gossip_config",
+    "node_config",
+]
 
 _FLAG_OF = {key.removeprefix("gossip."): flag for flag, key in FLAG_KEYS.items()}
 
+#: The sparse codecs' γ as a multiple of the share k / B of each block they send: the best γ
+#: grows in proportion to it, and random-k's, whose error waits B / k rounds on average to be
+#: sent, is a quarter of top-k's (bench/codec_gamma.py, bench/RESULTS.md).
+SPARSE_GAMMA_PER_SHARE = {"topk": 1.5, "randk": 0.375, "dct-topk": 1.5}
+
 #: Consensus step size by codec: harsher compression needs a smaller γ (Koloskova et al. 2019).
-DEFAULT_GAMMA = {"fp32": 1.0, "fp16": 1.0, "int8": 0.8, "int4": 0.5, "sign": 0.1}
+#: The sparse codecs' entries are for the default fraction and block size (1.17% sent).
+DEFAULT_GAMMA = {
+    "fp32": 1.0,
+    "fp16": 1.0,
+    "int8": 0.8,
+    "int4": 0.5,
+    "sign": 0.1,
+    **{name: m * round(DEFAULT_FRACTION * 256) / 256 for name, m in SPARSE_GAMMA_PER_SHARE.items()},
+}
 
 
 @dataclass(frozen=True)
@@ -30,9 +51,11 @@ class GossipConfig:
     """Args:
     topology: ring, exponential or random-regular, over the ring of known node ids.
     degree: neighbours per node for random-regular.
-    codec: fp32 (alias none), fp16, int8, int4 or sign.
-    block_size: values per quantization scale.
-    gamma: consensus step size; None picks :data:`DEFAULT_GAMMA` for the codec.
+    codec: fp32 (alias none), fp16, int8, int4, sign, topk, randk or dct-topk.
+    block_size: values per quantization scale (per top-k selection, for the sparse codecs).
+    compress_fraction: share of each block the sparse codecs send (topk, randk, dct-topk).
+    gamma: consensus step size; None picks :data:`DEFAULT_GAMMA` for the codec (for a sparse
+        codec, :data:`SPARSE_GAMMA_PER_SHARE` times the share of each block it sends).
     local_steps: local training steps between gossip rounds (H).
     idle_round_interval_s: how often to gossip once local training is over.
     link_queue: deltas queued per neighbour; past that the link resyncs with a snapshot.
@@ -54,6 +77,7 @@ class GossipConfig:
     degree: int = 4
     codec: str = "int8"
     block_size: int = 256
+    compress_fraction: float = DEFAULT_FRACTION  # CHOCO-SGD's top-1%; an index fits a byte
     gamma: float | None = None
     local_steps: int = 1
     idle_round_interval_s: float = 0.1
@@ -84,6 +108,7 @@ class GossipConfig:
             raise ValueError("local_steps must be at least 1")
         if self.block_size <= 0 or self.block_size % 8:
             raise ValueError("block_size must be a positive multiple of 8")
+        CODECS[codec].make(self.block_size, self.compress_fraction)  # raises on settings it refuses
         if not 0 <= self.byzantine_fraction < 1:
             raise ValueError("byzantine_fraction must be in [0, 1)")
         if self.attack is not None and self.attack not in ATTACKS:
@@ -91,7 +116,13 @@ class GossipConfig:
 
     @property
     def step_size(self) -> float:
-        return self.gamma if self.gamma is not None else DEFAULT_GAMMA[self.codec]
+        """γ: as given, or the codec's default (for a sparse codec, in proportion to its share)."""
+        if self.gamma is not None:
+            return self.gamma
+        if self.codec in SPARSE_GAMMA_PER_SHARE:
+            k = round(self.compress_fraction * self.block_size)
+            return min(1.0, SPARSE_GAMMA_PER_SHARE[self.codec] * k / self.block_size)
+        return DEFAULT_GAMMA[self.codec]
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,8 @@ class Node:
         task.model.to(device)
         self.flat = FlatParams(task.model)
         g = cfg.gossip
-        self.fingerprint = TaskFingerprint(self.flat.specs, g.codec, g.block_size)
+        codec = get_codec(g.codec, g.block_size, g.compress_fraction)
+        self.fingerprint = TaskFingerprint.of(self.flat.specs, codec)
         self.resumed = resume
         if resume is not None:
             resume_path = resume_path or cfg.state_dir / CHECKPOINT_FILE
@@ -167,7 +168,7 @@ class Node:
         rounding = torch.Generator(device=device).manual_seed(random.getrandbits(62))
         self.state = GossipState(
             self.flat.flat,
-            get_codec(g.codec, g.block_size),
+            codec,
             clock,
             rounding,
             session=random.getrandbits(62),
@@ -1034,7 +1035,8 @@ def _restore(cfg: NodeConfig, task: Task) -> tuple[Checkpoint | None, Path | Non
         ParamSpec(name, tuple(p.shape), str(p.dtype).removeprefix("torch."))
         for name, p in task.model.named_parameters()
     )
-    fingerprint = TaskFingerprint(specs, cfg.gossip.codec, cfg.gossip.block_size)
+    g = cfg.gossip
+    fingerprint = TaskFingerprint.of(specs, get_codec(g.codec, g.block_size, g.compress_fraction))
 
     def check(ckpt: Checkpoint, path: Path) -> None:
         _check_resumable(ckpt, fingerprint, cfg, path)

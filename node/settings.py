@@ -41,7 +41,7 @@ __all__ = [
 
 #: The codecs of ``gossip/codecs.py`` (``none`` is fp32), named here so that the CLI need not
 #: import torch to list them; a test checks that they agree.
-CODEC_NAMES = ("none", "fp32", "fp16", "int8", "int4", "sign")
+CODEC_NAMES = ("none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk")
 #: The graphs of ``gossip/topology.py`` (likewise checked by a test).
 TOPOLOGY_NAMES = ("ring", "exponential", "random-regular")
 #: Test-only attacks a node can mount on its neighbours (``GossipConfig.attack``).
@@ -119,9 +119,12 @@ class GossipSettings(_Schema):
         "exponential", description="the gossip graph over the members' ids"
     )  # log2(n) neighbours: mixes fast at a small degree (Assran et al. 2019)
     degree: AtLeastOne = Field(4, description="neighbours per node for random-regular")
-    codec: Literal["none", "fp32", "fp16", "int8", "int4", "sign"] = Field(
-        "int8", description="codec of the model deltas"
+    codec: Literal["none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk"] = (
+        Field("int8", description="codec of the model deltas")
     )  # a quarter of fp32's bytes, and CHOCO converges as with fp32
+    compress_fraction: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.01, description="share of each block the sparse codecs (topk, randk, dct-topk) send"
+    )  # CHOCO-SGD's top-1%; an index fits a byte
     block_size: Annotated[int, Field(ge=8, multiple_of=8)] = Field(
         256, description="values per quantization scale"
     )  # scales cost 4 bytes per block: 1.6% of int8's bytes
@@ -157,14 +160,38 @@ class MembershipSettings(_Schema):
         0.4, description="fraction of a period to wait for a direct ack"
     )
     indirect_probes: Annotated[int, Field(ge=0)] = Field(
-        3, description="members asked to ping a silent one"
+        4, description="members asked to ping a silent one"
     )
     suspicion_mult: Positive = Field(5.0, description="suspicion timeout in periods (x log n)")
+    suspicion_max_mult: Positive = Field(
+        6.0, description="a suspicion with one accuser lasts this many times the minimum"
+    )
+    confirmations: Annotated[int, Field(ge=0)] = Field(
+        3, description="accusers besides the first that bring a suspicion to its minimum"
+    )
+    max_health: Annotated[int, Field(ge=0)] = Field(
+        8, description="Lifeguard's local health cap: probes slow down at most this much + 1"
+    )
     retransmit_mult: Positive = Field(6.0, description="piggybacks per update (x log n)")
     max_piggyback: Annotated[int, Field(ge=0)] = Field(8, description="updates per message")
-    forget_after_s: Positive = Field(
-        120.0, description="how long dead and departed members are remembered"
+    reconnect_interval_s: Positive = Field(
+        5.0, description="seconds between push-pulls with a member held dead"
     )
+    forget_after_s: Positive = Field(
+        86_400.0, description="how long dead and departed members are remembered"
+    )  # Serf reconnects failed members for 24 h
+    push_pull_interval_s: Positive = Field(
+        15.0, description="seconds between full-state swaps with a random live member"
+    )
+    max_members: AtLeastOne = Field(4096, description="the most members a view holds")
+    max_push_pull: Annotated[int, Field(ge=2)] = Field(
+        512, description="the most records one push-pull carries"
+    )
+    max_pending: AtLeastOne = Field(256, description="updates waiting to be piggybacked")
+    new_members_per_s: Positive = Field(
+        2.0, description="members new to us that one relayer may introduce per second"
+    )
+    new_members_burst: AtLeastOne = Field(64, description="... and at once")
 
 
 class RunSettings(_Schema):
@@ -252,6 +279,7 @@ FLAG_KEYS: dict[str, str] = {
     "degree": "gossip.degree",
     "compress": "gossip.codec",
     "block-size": "gossip.block_size",
+    "compress-fraction": "gossip.compress_fraction",
     "gamma": "gossip.gamma",
     "local-steps": "gossip.local_steps",
     "outer-lr": "gossip.outer_lr",

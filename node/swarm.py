@@ -200,6 +200,8 @@ def node_argv(
         g.codec,
         "--block-size",
         str(g.block_size),
+        "--compress-fraction",
+        str(g.compress_fraction),
         "--local-steps",
         str(g.local_steps),
     ]

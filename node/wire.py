@@ -170,6 +170,7 @@ def fingerprint_to_pb(f: TaskFingerprint) -> pb.TaskFingerprint:
         params=[pb.ParamSpec(name=p.name, shape=list(p.shape), dtype=p.dtype) for p in f.params],
         codec=f.codec,
         block_size=f.block_size,
+        fraction=f.fraction,
     )
 
 
@@ -181,7 +182,9 @@ def fingerprint_from_pb(f: pb.TaskFingerprint) -> TaskFingerprint:
         if any(d < 0 for d in p.shape):
             raise _malformed(f"parameter {p.name!r} has a negative dimension")
         params.append(ParamSpec(p.name, tuple(p.shape), p.dtype))
-    return TaskFingerprint(tuple(params), f.codec, f.block_size)
+    if not 0 <= f.fraction <= 1:  # NaN too
+        raise _malformed(f"fingerprint fraction {f.fraction} is not in [0, 1]")
+    return TaskFingerprint(tuple(params), f.codec, f.block_size, f.fraction)
 
 
 def hello_to_pb(h: Hello) -> pb.Hello:

@@ -104,7 +104,9 @@ class Simulation:
             cfg.net.loss,
             random.Random(cfg.seed + 1),
         )
-        self.codec = get_codec(cfg.gossip.codec, cfg.gossip.block_size)
+        self.codec = get_codec(
+            cfg.gossip.codec, cfg.gossip.block_size, cfg.gossip.compress_fraction
+        )
         self.factory = load_task(cfg.task)
         self.nodes: dict[str, SimNode] = {}
         #: Nodes gone, and what they sent (a departed node's model and data are let go).

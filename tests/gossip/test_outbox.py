@@ -51,8 +51,9 @@ class Link:
     def __post_init__(self) -> None:
         self.x = torch.randn(DIM, generator=torch.Generator().manual_seed(0))
         gen = torch.Generator().manual_seed(1)
-        self.sender = GossipState(self.x, get_codec(self.codec, 64), ManualClock(), gen, session=7)
-        self.receiver = GossipState(torch.zeros(DIM), get_codec(self.codec, 64), ManualClock())
+        codec = get_codec(self.codec, 64, 0.125)  # the sparse codecs send 8 of each 64
+        self.sender = GossipState(self.x, codec, ManualClock(), gen, session=7)
+        self.receiver = GossipState(torch.zeros(DIM), codec, ManualClock())
         self.receiver.admit("s")
         self.outbox = Outbox(OutboxConfig(queue=self.queue, window=2))
 
@@ -137,7 +138,7 @@ ACTIONS = {
 
 @settings(max_examples=200, deadline=None)
 @given(
-    codec=st.sampled_from(["int8", "int4", "sign", "fp32"]),
+    codec=st.sampled_from(["int8", "int4", "sign", "fp32", "topk", "randk", "dct-topk"]),
     queue=st.integers(1, 6),
     script=st.lists(st.sampled_from(sorted(ACTIONS)), max_size=120),
 )

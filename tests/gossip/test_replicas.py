@@ -27,7 +27,8 @@ DIM = 300
 def make_state(codec: str = "int8", seed: int = 0, session: int = 1) -> GossipState:
     x0 = torch.randn(DIM, generator=torch.Generator().manual_seed(seed))
     gen = torch.Generator().manual_seed(seed + 100)
-    return GossipState(x0, get_codec(codec, 64), ManualClock(), gen, session=session)
+    # fraction: the sparse codecs send 8 of each block of 64; the others ignore it.
+    return GossipState(x0, get_codec(codec, 64, 0.125), ManualClock(), gen, session=session)
 
 
 def drift(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -159,6 +160,38 @@ def test_malformed_deltas_change_nothing(
     assert torch.equal(receiver.replicas["s"].value, sender.public)
 
 
+def _poke(payload: Encoded, position: int, value: bytes) -> Encoded:
+    data = bytearray(payload.data)
+    data[position : position + len(value)] = value
+    return dataclasses.replace(payload, data=bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("codec", "corrupt"),
+    [
+        ("topk", lambda p: _poke(p, 0, b"\x40")),  # index 64 of a block of 64
+        ("topk", lambda p: _poke(p, 1, p.data[:1])),  # a repeated index
+        ("topk", lambda p: _poke(p, len(p.data) - 2, b"\x80\x7f")),  # bfloat16 infinity
+        ("randk", lambda p: _poke(p, len(p.data) - 2, b"\xc0\x7f")),  # bfloat16 NaN
+        ("randk", lambda p: dataclasses.replace(p, data=p.data[8:])),  # no seed
+        ("dct-topk", lambda p: _poke(p, len(p.data) - 1, b"\x80")),  # code -128
+        ("dct-topk", lambda p: dataclasses.replace(p, scales=b"\0\0\x80\xbf" + p.scales[4:])),
+    ],
+    ids=["index", "repeat", "inf", "nan", "seedless", "code", "negative-scale"],
+)
+def test_malformed_sparse_deltas_change_nothing(codec: str, corrupt: object) -> None:
+    sender, receiver = make_state(codec, seed=0), make_state(codec, seed=1, session=2)
+    receiver.admit("s")
+    snapshot_into(sender, receiver)
+    seq, payload = sender.make_delta(drift(sender.public, 0))
+    before = fingerprint(receiver)
+    with pytest.raises(CodecError):
+        receiver.receive_delta("s", sender.session, seq, corrupt(payload))  # type: ignore[operator]
+    assert fingerprint(receiver) == before
+    receiver.receive_delta("s", sender.session, seq, payload)
+    assert torch.equal(receiver.replicas["s"].value, sender.public)
+
+
 def test_snapshots_of_the_wrong_size_or_with_nan_are_refused(
     pair: tuple[GossipState, GossipState],
 ) -> None:
@@ -203,7 +236,7 @@ def test_silence_is_measured_on_the_injected_clock() -> None:
     assert state.silent_for("a") == 2.5
 
 
-@pytest.mark.parametrize("codec", ["fp32", "int8", "int4", "sign"])
+@pytest.mark.parametrize("codec", ["fp32", "int8", "int4", "sign", "topk", "randk", "dct-topk"])
 @pytest.mark.parametrize("loss", [0.0, 0.1, 0.4])
 @pytest.mark.parametrize("order", ["in-order", "duplicates", "reordered"])
 @pytest.mark.parametrize("seed", [0, 1])
