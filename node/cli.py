@@ -27,6 +27,12 @@ __all__ = ["build_node_config", "main", "make_parser"]
 log = logging.getLogger("murmur")
 
 
+TASK_HELP = (
+    "digits, logistic, mnist1d, text, module:factory or file.py:factory; "
+    "options after a colon: text:size=10m,seq_len=256"
+)
+
+
 def _shard(text: str) -> tuple[int, int]:
     index, sep, count = text.partition("/")
     try:
@@ -119,7 +125,7 @@ def _add_run_parser(sub: Any) -> None:
     )
     p.add_argument("--state-dir", dest="state_dir", type=Path, default=s)
     p.add_argument("--device", default=s, help="auto, cpu, cuda[:N] or mps")
-    p.add_argument("--task", default=s, help="digits, module:factory or file.py:factory")
+    p.add_argument("--task", default=s, help=TASK_HELP)
     p.add_argument("--shard", type=_shard, default=s, metavar="I/N")
     p.add_argument(
         "--alpha", type=float, default=s, help="Dirichlet alpha for non-iid shards (default: iid)"
@@ -262,7 +268,7 @@ def _add_swarm_parser(sub: Any) -> None:
     p.add_argument("--nodes", type=int, default=8)
     p.add_argument("--steps", type=int, default=600, help="local steps per node")
     p.add_argument("--duration", type=float, help="stop after this many seconds in any case")
-    p.add_argument("--task", default="digits")
+    p.add_argument("--task", default="digits", help=TASK_HELP)
     p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet alpha (non-iid shards)")
     p.add_argument("--iid", action="store_true", help="iid shards instead of Dirichlet")
     p.add_argument("--seed", type=int, default=0)
@@ -298,7 +304,7 @@ def _add_simulate_parser(sub: Any) -> None:
     )
     p.add_argument("--nodes", type=int, default=64)
     p.add_argument("--duration", type=float, default=60.0, help="simulated seconds (60)")
-    p.add_argument("--task", default="logistic", help="logistic (cheap), digits, module:factory")
+    p.add_argument("--task", default="logistic", help=f"{TASK_HELP} (logistic is the cheap one)")
     p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet alpha (non-iid shards)")
     p.add_argument("--iid", action="store_true", help="iid shards instead of Dirichlet")
     p.add_argument("--seed", type=int, default=0)
@@ -345,6 +351,7 @@ def _add_simulate_parser(sub: Any) -> None:
         help="relative consensus distance counted as consensus (0.01)",
     )
     p.add_argument("--target-accuracy", type=float, default=0.8)
+    p.add_argument("--target-loss", type=float, help="for tasks judged by loss (the task's)")
     p.add_argument("--out", type=Path, default=Path("murmur-sim"), help="output dir")
     p.add_argument("--quiet", action="store_true", help="no progress")
     _add_gossip_flags(p, suppress=False)
@@ -391,6 +398,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             eval_every_s=args.eval_every,
             consensus_threshold=args.consensus_threshold,
             target_accuracy=args.target_accuracy,
+            target_loss=args.target_loss,
             gossip=gossip,
             membership=SwimConfig(period_s=args.swim_period),
             net=NetConfig(tuple(args.latency), args.bandwidth * 1e6 / 8, args.loss),

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import math
 import os
 import random
 import signal
@@ -25,6 +27,7 @@ from typing import IO
 
 from node.config import GossipConfig
 from node.evaluation import RunReport, evaluate_run, train_reference
+from node.node import METRICS_FILE
 from node.pki import CA_CERT_FILE, TlsFiles, init_ca, issue_node, load_tls
 from node.report import write_report
 from node.status import NodeStatus
@@ -230,21 +233,68 @@ def provision(cfg: SwarmConfig, workdir: Path, state_dirs: list[Path]) -> TlsFil
     return load_tls(workdir / "runner")
 
 
-def _progress_table(cfg: SwarmConfig, statuses: list[NodeStatus | None], elapsed: float) -> str:
+class EvalTail:
+    """The task's metric and the last evaluation in one node's metrics log, read as it grows
+    (the Status RPC carries accuracy, not the eval loss a loss-judged task needs)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.metric = "accuracy"
+        self.loss: float | None = None
+        self._offset = 0
+
+    def poll(self) -> None:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next poll
+        self._offset += end
+        for line in data[:end].splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                record = json.loads(line)
+                if record.get("event") == "start" and isinstance(record.get("metric"), str):
+                    self.metric = record["metric"]
+                elif record.get("event") == "eval" and isinstance(record.get("loss"), float):
+                    self.loss = record["loss"]
+
+
+def _progress_table(
+    cfg: SwarmConfig,
+    statuses: list[NodeStatus | None],
+    elapsed: float,
+    tails: list[EvalTail] | None = None,
+) -> str:
+    """One line a node; a task judged by its loss shows the eval loss (and perplexity) where
+    an accuracy task shows its accuracy."""
     g = cfg.gossip
+    metric = tails[0].metric if tails else "accuracy"
+    judged = {"accuracy": f"{'acc':>6}", "loss": f"{'eval':>7}"}.get(
+        metric, f"{'eval':>7} {'ppl':>7}"
+    )
     lines = [
         f"murmur swarm: {cfg.nodes} nodes, {g.topology}, {g.codec}, {cfg.steps} steps each"
         f"  [{elapsed:5.1f} s]",
-        f"  {'node':8} {'step':>11} {'loss':>7} {'acc':>6} {'mix':>5} {'sent':>10} {'vs fp32':>8}",
+        f"  {'node':8} {'step':>11} {'loss':>7} {judged} {'mix':>5} {'sent':>10} {'vs fp32':>8}",
     ]
-    for s in statuses:
+    for k, s in enumerate(statuses):
         if s is None:
             lines.append("  (no answer)")
             continue
-        acc = f"{s.accuracy:.3f}" if s.accuracy >= 0 else "-"
+        if metric == "accuracy":
+            value = f"{s.accuracy:.3f}" if s.accuracy >= 0 else "-"
+            value = f"{value:>6}"
+        else:
+            loss = tails[k].loss if tails else None
+            value = f"{loss:7.4f}" if loss is not None else f"{'-':>7}"
+            if metric == "perplexity":
+                ppl = f"{math.exp(min(loss, 700.0)):7.2f}" if loss is not None else f"{'-':>7}"
+                value += f" {ppl}"
         mixing = sum(n.in_mix for n in s.neighbours)
         lines.append(
-            f"  {s.node_id[:8]} {f'{s.step}/{s.step_budget}':>11} {s.loss:7.4f} {acc:>6} "
+            f"  {s.node_id[:8]} {f'{s.step}/{s.step_budget}':>11} {s.loss:7.4f} {value} "
             f"{f'{mixing}/{len(s.neighbours)}':>5} {s.bytes_sent / 2**20:7.2f} MiB "
             f"{100 * s.compression_ratio:7.1f}%"
         )
@@ -287,6 +337,7 @@ async def _poll(transport: GrpcTransport, procs: list[NodeProcess]) -> list[Node
 async def _supervise(cfg: SwarmConfig, procs: list[NodeProcess], transport: GrpcTransport) -> None:
     """Show progress until every node has trained and settled, or the duration is up."""
     progress = _Progress(cfg.progress)
+    tails = [EvalTail(p.state_dir / METRICS_FILE) for p in procs]
     started = time.monotonic()
     settle_from: dict[str, int] | None = None
     while True:
@@ -306,7 +357,9 @@ async def _supervise(cfg: SwarmConfig, procs: list[NodeProcess], transport: Grpc
                 settle_from = rounds
             finished = all(rounds[i] >= settle_from[i] + cfg.settle_rounds for i in rounds)
         finished = finished or (cfg.duration_s is not None and elapsed >= cfg.duration_s)
-        progress.show(_progress_table(cfg, statuses, elapsed), force=finished)
+        for tail in tails:
+            tail.poll()
+        progress.show(_progress_table(cfg, statuses, elapsed, tails), force=finished)
         if finished:
             return
         await asyncio.sleep(cfg.progress_interval_s)
@@ -387,12 +440,7 @@ def _judge(cfg: SwarmConfig, state_dirs: list[Path]) -> RunReport:
     if not cfg.baseline:
         return report
     steps = sum(r.steps for r in report.nodes)  # same batch size: same number of samples
-    accuracy = train_reference(cfg.task, cfg.seed, steps, cfg.device)
-    return RunReport(
-        report.nodes,
-        report.averaged_loss,
-        report.averaged_accuracy,
-        report.consensus_distance,
-        accuracy,
-        steps,
+    loss, accuracy = train_reference(cfg.task, cfg.seed, steps, cfg.device)
+    return dataclasses.replace(
+        report, reference_accuracy=accuracy, reference_steps=steps, reference_loss=loss
     )
