@@ -23,7 +23,7 @@ node's step budget, batches of 16 windows of ``seq_len`` bytes. The loss is the 
 cross-entropy per byte in nats (perplexity is its exp; ln 256 = 5.55 is a uniform guess).
 Evaluation is on ``eval_windows`` windows at fixed offsets of the held-out files, the same on
 every node; each node trains on its own packages' files (``node/tasks/stdlib_text.py``), or,
-with ``split=iid``, on an equal slice of all of them. ``--alpha`` does not apply.
+with ``split=iid``, on every count-th 4 KiB block of all of them. ``--alpha`` does not apply.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ from node.tasks.stdlib_text import load_corpus
 __all__ = ["SIZES", "ByteWindows", "GPTConfig", "TinyGPT", "lm_loss", "make_task"]
 
 VOCAB = 256
+#: With ``split=iid``, shard i gets every count-th block of this many bytes of the whole corpus.
+IID_BLOCK = 4096
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,8 @@ def make_task(
 ) -> Task:
     """Options: ``size`` (1m, 3m, 10m, 25m), ``seq_len`` (128), ``batch_size`` (16), AdamW's
     ``lr`` (1e-3) and ``warmup`` steps (100), ``eval_windows`` (64), ``split`` (``package``:
-    non-iid by package; ``iid``: an equal slice of every file), ``target`` eval loss (by size).
+    non-iid by package; ``iid``: every count-th 4 KiB block of the corpus), and the
+    ``target`` eval loss (by size).
     """
     if size not in SIZES:
         raise ValueError(f"text: unknown size {size!r}; known: {', '.join(SIZES)}")
@@ -173,10 +176,11 @@ def make_task(
     corpus = load_corpus()
     if split == "package":
         train = _bytes(corpus.shard_text(shard.index, shard.count))
-    else:
+    else:  # every count-th block of the whole text: all kinds, in equal shares
         everything = _bytes(corpus.all_training_text())
-        step = len(everything) // shard.count
-        train = everything[shard.index * step : (shard.index + 1) * step].clone()
+        usable = len(everything) // IID_BLOCK * IID_BLOCK
+        blocks = everything[:usable].view(-1, IID_BLOCK)  # (blocks, IID_BLOCK)
+        train = blocks[shard.index :: shard.count].reshape(-1).clone()
     return Task(
         model=TinyGPT(cfg),
         train=ByteWindows(train, seq_len),
