@@ -151,15 +151,26 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=5, help="evaluations along the run")
     parser.add_argument("--no-allreduce", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench/results/text-compression"))
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        help="instead of running: combine the results.json of runs made one system at a time",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
-    results = []
-    if not args.no_allreduce:
+    results: list[dict[str, Any]] = []
+    if args.merge:
+        for part in args.merge:
+            results += json.loads((part / "results.json").read_text())["results"]
+        results.sort(key=lambda r: r["system"] != "all-reduce")
+        args.codecs = ""
+    elif not args.no_allreduce:
         with tempfile.TemporaryDirectory() as tmp:
             results.append(allreduce_run(args, Path(tmp)))
         print(f"all-reduce: {results[-1]['avg_loss']:.4f}", flush=True)
-    for codec in args.codecs.split(","):
+    for codec in filter(None, args.codecs.split(",")):
         results.append(gossip_run(codec, args))
         (args.out / "results.json").write_text(json.dumps(results, indent=1))
     title = f"{args.task}, {args.nodes} nodes, {args.steps} steps each"
