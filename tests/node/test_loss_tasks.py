@@ -10,13 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from node.checkpoint import (
+    CHECKPOINT_FILE,
+    Checkpoint,
+    CheckpointError,
+    check_fits,
+    load_checkpoint,
+    save_checkpoint,
+)
 from node.evaluation import evaluate_run
 from node.node import METRICS_FILE, Node
 from node.report import PLOTS_DIR, REPORT_FILE, write_report
 from node.sim import SimConfig, Simulation
 from node.status import NodeStatus
 from node.swarm import EvalTail, SwarmConfig, _progress_table
+from node.tasks import Shard, load_task
 from node.tasks.schedules import warmup_cosine_factor
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import config, memory_swarm
@@ -123,3 +131,18 @@ def test_the_simulator_judges_a_text_swarm_by_its_loss() -> None:
     assert last.final.worst_loss >= last.final.avg_loss - 0.5
     assert math.isnan(first.avg_accuracy)
     assert summary.target_avg_s is None  # 10 steps of 4 windows are far from 2.0
+
+
+def test_a_checkpoint_whose_schedule_has_no_step_count_is_damaged(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    task = load_task(TASK)(Shard())
+    model = task.model
+    numel = sum(p.numel() for p in model.parameters())
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    good = Checkpoint(state, torch.zeros(numel), None, {"step": 3}, {"last_epoch": 3})
+    check_fits(good, model, task.make_optimizer, tmp_path / "c")
+    bad = Checkpoint(state, torch.zeros(numel), None, {"step": 3}, {"base_lrs": [1e-3]})
+    with pytest.raises(CheckpointError, match="its learning-rate schedule has no step count"):
+        check_fits(bad, model, task.make_optimizer, tmp_path / "c")
+    save_checkpoint(tmp_path / "c", good)
+    assert load_checkpoint(tmp_path / "c").schedule == {"last_epoch": 3}
