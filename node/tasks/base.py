@@ -18,7 +18,6 @@ import functools
 import importlib
 import importlib.util
 import inspect
-import math
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -171,12 +170,6 @@ class Task:
         """The learning-rate schedule for ``optimizer`` over a budget of ``steps``, if any."""
         return None if self.schedule is None else self.schedule(optimizer, steps)
 
-    def reached(self, value: float) -> bool:
-        """Whether ``value`` of the task's metric (an accuracy, or a loss) meets its target."""
-        if self.target is None or math.isnan(value):
-            return False
-        return value >= self.target if self.metric == "accuracy" else value <= self.target
-
 
 TaskFactory = Callable[[Shard], Task]
 
@@ -224,8 +217,8 @@ def _convert(spec: str, key: str, value: str, default: Any) -> Any:
         if isinstance(default, float):
             return float(value)
     except ValueError:
-        kind = type(default).__name__
-        raise ValueError(f"task {spec!r}: option {key}={value!r} is not a {kind}") from None
+        kind = {bool: "true or false", int: "an integer"}.get(type(default), "a number")
+        raise ValueError(f"task {spec!r}: option {key}={value!r} is not {kind}") from None
     return value
 
 

@@ -56,7 +56,8 @@ def test_options_reach_a_plug_ins_factory_as_the_types_of_its_defaults(tmp_path:
     [
         ("digits:hidden=3", r"unknown option 'hidden' \(it takes: none\)"),
         ("text:sise=10m", r"unknown option 'sise' \(it takes: size, seq_len"),
-        ("text:seq_len=long", r"option seq_len='long' is not a int"),
+        ("text:seq_len=long", r"option seq_len='long' is not an integer"),
+        ("text:lr=fast", r"option lr='fast' is not a number"),
         ("text:size=1m,size=3m", "option 'size' is given twice"),
         ("text:size=1m,oops", "option 'oops' is not key=value"),
     ],
