@@ -81,8 +81,9 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
     ax = fig.add_subplot()
     for r in results:
         outer = f", outer lr {r['outer_lr']:g}" if r["outer_lr"] else ""
-        xs = [max(b, 1.0) / 1e6 for b, _ in r["curve"]]
-        ax.plot(xs, [loss for _, loss in r["curve"]], marker="o", label=f"H={r['h']}{outer}")
+        sent = [(b / 1e6, loss) for b, loss in r["curve"] if b > 0]  # nothing sent: off a log axis
+        if sent:
+            ax.plot(*zip(*sent, strict=True), marker="o", label=f"H={r['h']}{outer}")
     ax.set_xscale("log")
     ax.set_xlabel("MB sent per node (mean)")
     ax.set_ylabel("eval loss of the nodes' own models (mean)")

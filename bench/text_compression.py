@@ -49,7 +49,7 @@ def gossip_run(codec: str, args: argparse.Namespace) -> dict[str, Any]:
         steps=args.steps,
         duration_s=float(args.steps),  # the budget's end: the same samples as all-reduce
         eval_every_s=max(1.0, args.steps / args.points),
-        gossip=GossipConfig(codec=codec, local_steps=args.local_steps),
+        gossip=GossipConfig(codec=codec, local_steps=args.local_steps, topology=args.topology),
         net=NetConfig(latency_s=(0.001, 0.005), bandwidth_bps=1.25e8),
     )
     torch.manual_seed(0)
@@ -66,7 +66,8 @@ def gossip_run(codec: str, args: argparse.Namespace) -> dict[str, Any]:
     summary = sim.run(show)
     final = summary.final
     return {
-        "system": f"murmur {codec}",
+        "system": f"murmur {codec}"
+        + ("" if args.topology == "exponential" else f", {args.topology}"),
         "gamma": cfg.gossip.step_size,
         "avg_loss": final.avg_loss,
         "worst_loss": final.worst_loss,
@@ -111,8 +112,8 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for r in results:
-        xs = [max(b, 1.0) / 1e6 for b, _, _ in r["curve"]]
-        ax.plot(xs, [a for _, a, _ in r["curve"]], marker="o", label=f"{r['system']} (average)")
+        sent = [(b / 1e6, a) for b, a, _ in r["curve"] if b > 0]  # nothing sent: off a log axis
+        ax.plot(*zip(*sent, strict=True), marker="o", label=f"{r['system']} (average)")
     ax.set_xscale("log")
     ax.set_xlabel("MB sent per node")
     ax.set_ylabel("eval loss (nats per byte)")
@@ -148,6 +149,7 @@ def main() -> None:
     parser.add_argument("--task", default=TASK)
     parser.add_argument("--codecs", default="fp32,int8,int4,sign")
     parser.add_argument("--local-steps", type=int, default=1)
+    parser.add_argument("--topology", default="exponential")
     parser.add_argument("--points", type=int, default=5, help="evaluations along the run")
     parser.add_argument("--no-allreduce", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench/results/text-compression"))

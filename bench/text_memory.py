@@ -75,8 +75,9 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         eval_every=args.steps,
         gossip=GossipConfig(codec="int8"),
         insecure=True,
+        start_timeout_s=900.0,  # a 25M model's nodes start slowly on a busy machine
     )
-    procs: list[NodeProcess] = await start_swarm(cfg, workdir, together=True)
+    procs: list[NodeProcess] = await start_swarm(cfg, workdir, together=True, start_timeout_s=900)
     try:
         await asyncio.gather(*(p.trained.wait() for p in procs))
         peaks = [status_bytes(p.proc.pid, "VmHWM") for p in procs if p.proc]
