@@ -55,6 +55,7 @@ PUBLIC_KEY = "murmur.public_copy"
 OPTIM_PREFIX = "murmur.optimizer."
 META_KEY = "murmur"
 OPTIM_KEY = "murmur.optimizer"
+SCHEDULE_KEY = "murmur.schedule"
 CHECKSUM_KEY = "murmur.sha256"
 #: A cause longer than this is cut: the node says what is wrong in one readable line.
 MAX_CAUSE_CHARS = 200
@@ -107,12 +108,15 @@ class Checkpoint:
         public: the public copy x̂ (what the neighbours' replicas of this node hold).
         optimizer: the optimizer's state dict (``torch.optim.Optimizer.state_dict``), if any.
         meta: JSON-able facts: step, node id, task fingerprint, members, ...
+        schedule: the learning-rate schedule's state dict (``LRScheduler.state_dict``: its
+            step count and base rates, JSON-able), if the task has a schedule.
     """
 
     model: Mapping[str, torch.Tensor]
     public: torch.Tensor
     optimizer: Mapping[str, Any] | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
+    schedule: Mapping[str, Any] | None = None
 
     def is_finite(self) -> bool:
         """Whether every floating-point value (model, public copy, optimizer) is finite."""
@@ -186,6 +190,8 @@ def save_checkpoint(path: Path, ckpt: Checkpoint, previous: Path | None = None) 
         optim_tensors, rest = _flatten_optimizer(ckpt.optimizer)
         tensors.update({k: v.detach().cpu().clone() for k, v in optim_tensors.items()})
         meta[OPTIM_KEY] = json.dumps(rest)
+    if ckpt.schedule is not None:
+        meta[SCHEDULE_KEY] = json.dumps(dict(ckpt.schedule), allow_nan=False)
     meta[CHECKSUM_KEY] = _checksum(tensors, meta)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, save(tensors, metadata=meta), previous)
@@ -222,13 +228,16 @@ def load_checkpoint(path: Path) -> Checkpoint:
         if OPTIM_KEY in header:
             optimizer = _unflatten_optimizer(tensors, json.loads(header[OPTIM_KEY]))
         meta = json.loads(header.get(META_KEY, "{}"))
+        schedule = json.loads(header[SCHEDULE_KEY]) if SCHEDULE_KEY in header else None
+        if schedule is not None and not isinstance(schedule, dict):
+            raise CheckpointError(path, "its learning-rate schedule is not a JSON object")
         if not isinstance(meta, dict):
             raise CheckpointError(
                 path, f"its metadata is a JSON {type(meta).__name__}, not an object"
             )
         if not isinstance(meta.get("step", 0), int) or meta.get("step", 0) < 0:
             raise CheckpointError(path, f"its step is {meta.get('step')!r}, not a count")
-        ckpt = Checkpoint(tensors, public, optimizer, meta)
+        ckpt = Checkpoint(tensors, public, optimizer, meta, schedule)
     except CheckpointError:
         raise
     except (OSError, SafetensorError, ValueError, KeyError, TypeError, AttributeError) as err:
@@ -336,6 +345,8 @@ def check_fits(
         for m in members
     ):
         raise CheckpointError(path, "its member list is malformed")
+    if ckpt.schedule is not None and not isinstance(ckpt.schedule.get("last_epoch"), int):
+        raise CheckpointError(path, "its learning-rate schedule has no step count")
     if ckpt.optimizer is None:
         return
     optimizer = make_optimizer()

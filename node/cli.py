@@ -84,6 +84,12 @@ def _h(key: str, text: str | None = None, default: str | None = None) -> str:
     return f"{text or settings.description_of(key)} (default: {shown})"
 
 
+TASK_HELP = (
+    "digits, logistic, mnist1d, text, module:factory or file.py:factory; "
+    "options after a colon: text:size=10m,seq_len=256"
+)
+
+
 def _add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
     # Values stay strings here: the settings schema parses and checks them (node/settings.py).
     d = argparse.SUPPRESS if suppress else None
@@ -474,7 +480,7 @@ def _add_swarm_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--duration", type=float, metavar="SECONDS", help="stop after this long in any case"
     )
-    p.add_argument("--task", default="digits", metavar="TASK", help="what every node trains")
+    p.add_argument("--task", default="digits", metavar="TASK", help=TASK_HELP)
     p.add_argument(
         "--alpha", type=float, default=0.5, metavar="A", help="Dirichlet alpha (non-iid shards)"
     )
@@ -528,7 +534,7 @@ def _add_simulate_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--task",
         default="logistic",
         metavar="TASK",
-        help="logistic (cheap), digits, module:factory",
+        help=f"{TASK_HELP} (logistic is the cheap one)",
     )
     p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet alpha (non-iid shards)")
     p.add_argument("--iid", action="store_true", help="iid shards instead of Dirichlet")
@@ -623,6 +629,12 @@ def _add_simulate_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="ACC",
         help="accuracy counted as reached",
     )
+    p.add_argument(
+        "--target-loss",
+        type=float,
+        metavar="LOSS",
+        help="eval loss counted as reached, for tasks judged by loss (default: the task's)",
+    )
     p.add_argument("--out", type=Path, default=Path("murmur-sim"), metavar="DIR", help="output dir")
     p.add_argument("--quiet", action="store_true", help="no progress")
     _add_gossip_flags(p, suppress=False)
@@ -679,6 +691,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             eval_every_s=args.eval_every,
             consensus_threshold=args.consensus_threshold,
             target_accuracy=args.target_accuracy,
+            target_loss=args.target_loss,
             gossip=gossip,
             membership=SwimConfig(period_s=args.swim_period),
             net=NetConfig(

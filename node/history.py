@@ -59,6 +59,11 @@ class NodeHistory:
     state_dir: Path
     node_id: str
     sessions: tuple[Session, ...]
+    #: What the task is judged by (``accuracy``, ``loss`` or ``perplexity``), as its ``start``
+    #: records say; logs from before tasks declared it are of accuracy tasks.
+    metric: str = "accuracy"
+    #: The task's target for that metric; None when it declares none.
+    target: float | None = None
 
     @property
     def evals(self) -> list[EvalPoint]:
@@ -173,7 +178,16 @@ def parse_history(state_dir: Path, records: list[dict[str, Any]]) -> NodeHistory
     bounds = [0, *cuts, len(records)]
     sessions = tuple(_session(records[a:b]) for a, b in pairwise(bounds))
     ids = [r["node_id"] for r in records if r["event"] in ("start", "stop") and "node_id" in r]
-    return NodeHistory(state_dir, ids[0] if ids else state_dir.name, sessions)
+    starts = [r for r in records if r["event"] == "start" and isinstance(r.get("metric"), str)]
+    metric = starts[-1]["metric"] if starts else "accuracy"
+    target = starts[-1].get("target") if starts else None
+    return NodeHistory(
+        state_dir,
+        ids[0] if ids else state_dir.name,
+        sessions,
+        metric,
+        float(target) if _is_number(target) and target is not None else None,
+    )
 
 
 def read_history(state_dir: Path) -> NodeHistory:

@@ -204,6 +204,8 @@ class Node:
         )
         if resume is not None and resume.optimizer is not None:
             self.trainer.optimizer.load_state_dict(dict(resume.optimizer))
+        if resume is not None and resume.schedule is not None and self.trainer.schedule:
+            self.trainer.schedule.load_state_dict(dict(resume.schedule))
         self.counters = Counters()
         #: Which member records enter the view (admission by the CA: node/signing.py).
         self.verifier = MemberVerifier(ca_pem, self.counters.rejected)
@@ -327,7 +329,14 @@ class Node:
             except OSError as err:
                 raise OSError(f"cannot serve metrics on {host}:{port}: {err.strerror}") from err
         self.metrics = MetricsLog(self.cfg.state_dir / METRICS_FILE)
-        self.metrics.write("start", node_id=self.node_id, address=self.address)
+        self.metrics.write(
+            "start",
+            node_id=self.node_id,
+            address=self.address,
+            # What the report judges this task by (node/tasks/base.py Metric).
+            metric=self.task.metric,
+            target=self.task.target,
+        )
         self.ready = True
         log.info(
             "node %s listening on %s (device %s, codec %s, %d parameters)",
@@ -828,7 +837,8 @@ class Node:
             step_budget=self.cfg.trainer.steps or 0,
             training_done=self.trainer.done.is_set(),
             train_loss=self.trainer.loss,
-            eval_accuracy=ev.accuracy if ev else -1.0,
+            # -1: none yet, or a task judged by its loss (its accuracy is NaN).
+            eval_accuracy=ev.accuracy if ev and math.isfinite(ev.accuracy) else -1.0,
             eval_loss=ev.loss if ev else math.nan,
             eval_step=ev.step if ev else -1,
             eval_age_s=time.monotonic() - ev.time if ev else -1.0,
@@ -855,6 +865,8 @@ class Node:
                 k: v.detach().to("cpu", copy=True) for k, v in self.task.model.state_dict().items()
             }
             optimizer = copy.deepcopy(self.trainer.optimizer.state_dict())
+            schedule = self.trainer.schedule
+            schedule_state = copy.deepcopy(schedule.state_dict()) if schedule else None
             step = self.trainer.step
         members = [
             {"node_id": r.node_id, "address": r.address}
@@ -874,7 +886,8 @@ class Node:
             "shard": [self.cfg.shard_index, self.cfg.shard_count],
             "members": members,
         }
-        return Checkpoint(model, self.state.public.to("cpu", copy=True), optimizer, meta)
+        public = self.state.public.to("cpu", copy=True)
+        return Checkpoint(model, public, optimizer, meta, schedule_state)
 
     async def write_checkpoint(self) -> None:
         """Write the checkpoint now (atomically: a crash at any moment leaves a readable one),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -362,12 +363,7 @@ def _judge(cfg: SwarmConfig, state_dirs: list[Path]) -> RunReport:
     if not cfg.baseline:
         return report
     steps = sum(r.steps for r in report.nodes)  # same batch size: same number of samples
-    accuracy = train_reference(cfg.task, cfg.seed, steps, cfg.device)
-    return RunReport(
-        report.nodes,
-        report.averaged_loss,
-        report.averaged_accuracy,
-        report.consensus_distance,
-        accuracy,
-        steps,
+    loss, accuracy = train_reference(cfg.task, cfg.seed, steps, cfg.device)
+    return dataclasses.replace(
+        report, reference_accuracy=accuracy, reference_steps=steps, reference_loss=loss
     )

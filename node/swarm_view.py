@@ -58,7 +58,7 @@ def progress_view(
                 f"{s.step}/{s.step_budget}",
                 _loss(s.train_loss),
                 _loss(s.eval_loss) if evaluated else "-",
-                f"{s.eval_accuracy:.3f}" if evaluated else "-",
+                f"{s.eval_accuracy:.3f}" if evaluated and s.eval_accuracy >= 0 else "-",
                 f"{sum(n.in_mix for n in s.neighbours)}/{len(s.neighbours)}",
                 str(s.rounds),
                 f"{s.samples_per_s:.0f}",

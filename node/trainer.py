@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from node.tasks.base import Task, evaluate
+from node.tasks.base import Task, evaluate_task
 
 __all__ = [
     "Diverged",
@@ -171,9 +171,14 @@ def batches(task: Task, device: torch.device, seed: int) -> Iterator[tuple[torch
 
 
 def train_step(
-    task: Task, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor
+    task: Task,
+    optimizer: torch.optim.Optimizer,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    schedule: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> float:
-    """One local SGD step of ``task.model`` on a batch; returns the batch's loss.
+    """One local SGD step of ``task.model`` on a batch, then one step of the learning-rate
+    schedule, if any; returns the batch's loss.
 
     The daemon's trainer thread and the simulator (node/sim) both step with this.
     """
@@ -181,6 +186,8 @@ def train_step(
     loss = task.loss(task.model(inputs), targets)
     loss.backward()  # type: ignore[no-untyped-call]
     optimizer.step()
+    if schedule is not None:
+        schedule.step()
     return float(loss.detach())
 
 
@@ -225,6 +232,8 @@ class Trainer:
         self.cfg = cfg
         self.model_lock = model_lock
         self.optimizer = task.make_optimizer()
+        #: The task's learning-rate schedule over the step budget (checkpointed with the rest).
+        self.schedule = task.make_schedule(self.optimizer, cfg.steps)
         self._after_step = after_step
         self._on_eval = on_eval
         self._on_done = on_done
@@ -283,7 +292,7 @@ class Trainer:
         half way), without autograd, in eval mode, which leaves parameters, buffers and the
         optimizer as they were."""
         with self.model_lock, torch.no_grad():
-            loss, acc = evaluate(self.task.model, self.task.eval, self.task.loss, self.device)
+            loss, acc = evaluate_task(self.task, self.device)
             step = self.step
         result = EvalResult(step, loss, acc, time.monotonic(), after_budget)
         self.last_eval = result
@@ -306,7 +315,7 @@ class Trainer:
 
     def _train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         with self.model_lock:
-            loss = train_step(self.task, self.optimizer, inputs, targets)
+            loss = train_step(self.task, self.optimizer, inputs, targets, self.schedule)
             # Under the lock, so that whoever holds it sees a step count that fits the model.
             self.step += 1
         return loss

@@ -105,7 +105,9 @@ class SimConfig:
     eval_every_s: simulated seconds between two samples of the swarm's figures; evaluating
         every node's model is the expensive part.
     consensus_threshold: the relative consensus distance (over the first sample's) counted
-        as reached; target_accuracy: the accuracy counted as reached.
+        as reached; target_accuracy: the accuracy counted as reached (tasks judged by accuracy);
+        target_loss: the eval loss counted as reached (tasks judged by their loss; None: the
+        task's own target).
     """
 
     nodes: int = 64
@@ -122,6 +124,7 @@ class SimConfig:
     eval_every_s: float = 2.0
     consensus_threshold: float = 1e-2
     target_accuracy: float = 0.8
+    target_loss: float | None = None
     gossip: GossipConfig = field(default_factory=GossipConfig)
     membership: SwimConfig = field(default_factory=SwimConfig)
     net: NetConfig = field(default_factory=NetConfig)

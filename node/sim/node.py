@@ -77,6 +77,7 @@ class SimNode:
         self.step_s = step_s
         self.flat = FlatParams(task.model)
         self.optimizer = task.make_optimizer()
+        self.schedule = task.make_schedule(self.optimizer, cfg.steps)
         self._batches: Iterator[tuple[torch.Tensor, ...]] = batches(
             task, CPU, cfg.seed * 1_000_003 + shard
         )
@@ -161,7 +162,7 @@ class SimNode:
             return
         budget = self.sim.cfg.steps
         inputs, targets = next(self._batches)
-        self.loss = train_step(self.task, self.optimizer, inputs, targets)
+        self.loss = train_step(self.task, self.optimizer, inputs, targets, self.schedule)
         self.step += 1
         if self.pacer.due(self.step):
             self.try_round()

@@ -32,7 +32,7 @@ from node.flat import FlatParams
 from node.sim.config import SimConfig
 from node.sim.link import REPLY_BYTES
 from node.sim.node import CPU, SimNode
-from node.tasks.base import Shard, Task, evaluate, load_task
+from node.tasks.base import Shard, Task, evaluate_task, load_task
 
 __all__ = ["Sample", "Simulation", "Summary"]
 
@@ -48,6 +48,9 @@ class Sample:
     avg_accuracy: float  # of the averaged model x̄
     worst_accuracy: float  # of the worst node's own model
     mean_accuracy: float  # of the nodes' own models, averaged
+    avg_loss: float  # eval loss of the averaged model x̄
+    worst_loss: float  # the highest eval loss of a node's own model
+    mean_loss: float  # of the nodes' own models, averaged
     bytes_per_node: float  # gossip (deltas and snapshots) sent, as the daemon counts it
     swim_bytes_per_node: float  # membership messages sent
     rounds_per_node: float
@@ -85,6 +88,9 @@ class Summary:
     #: Seconds from the end of the partition to the first sample with one view (None: no
     #: partition, or not within the run).
     healed_s: float | None = None
+    #: What the targets are of: the task's metric (accuracy, loss or perplexity) and the value.
+    metric: str = "accuracy"
+    target: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -136,6 +142,15 @@ class Simulation:
             n.start_training()
         self._probe = self._task(0, 0)
         self._probe_flat = FlatParams(self._probe.model)
+        #: What the swarm is judged by, and the value counted as reached.
+        self.metric = self._probe.metric
+        self.target = (
+            cfg.target_accuracy
+            if self.metric == "accuracy"
+            else cfg.target_loss
+            if cfg.target_loss is not None
+            else self._probe.target
+        )
         self.samples: list[Sample] = []
         churn = cfg.churn
         for rate, what in (
@@ -308,8 +323,15 @@ class Simulation:
             t = min(t + cfg.eval_every_s, cfg.duration_s)
         return self.summary()
 
-    def _accuracy(self, task: Task) -> float:
-        return evaluate(task.model, task.eval, task.loss, CPU)[1]
+    def _evaluate(self, task: Task) -> tuple[float, float]:
+        return evaluate_task(task, CPU)
+
+    def _reached(self, accuracy: float, loss: float) -> bool:
+        if self.target is None:
+            return False
+        if self.metric == "accuracy":
+            return accuracy >= self.target
+        return loss <= self.target
 
     def sample(self) -> Sample:
         live = [n for n in self.nodes.values() if n.training]
@@ -320,12 +342,13 @@ class Simulation:
             mean = torch.stack(list(models.values())).mean(dim=0)
             cd = consensus_distance(models)
             self._probe_flat.flat.copy_(mean)
-            avg = self._accuracy(self._probe)
-            accs = [self._accuracy(n.task) for n in live]
+            avg_loss, avg = self._evaluate(self._probe)
+            evals = [self._evaluate(n.task) for n in live]
+            losses, accs = [e[0] for e in evals], [e[1] for e in evals]
             rel = cd / max(float(mean.double().pow(2).sum()), 1e-30)
         else:
-            cd = rel = avg = math.nan
-            accs = [math.nan]
+            cd = rel = avg = avg_loss = math.nan
+            accs = losses = [math.nan]
         return Sample(
             t=self.clock.now(),
             live=len(live),
@@ -334,6 +357,9 @@ class Simulation:
             avg_accuracy=avg,
             worst_accuracy=min(accs),
             mean_accuracy=sum(accs) / len(accs),
+            avg_loss=avg_loss,
+            worst_loss=max(losses),
+            mean_loss=sum(losses) / len(losses),
             bytes_per_node=(sum(n.counters.bytes_sent for n in everyone) + self._gone_bytes)
             / slots,
             swim_bytes_per_node=(sum(n.swim_bytes for n in everyone) + self._gone_swim_bytes)
@@ -364,8 +390,8 @@ class Simulation:
             return next((s for s in samples if s.t > 0 and ok(s)), None)
 
         consensus = first(lambda s: s.relative_distance <= cfg.consensus_threshold)
-        target_avg = first(lambda s: s.avg_accuracy >= cfg.target_accuracy)
-        target_worst = first(lambda s: s.worst_accuracy >= cfg.target_accuracy)
+        target_avg = first(lambda s: self._reached(s.avg_accuracy, s.avg_loss))
+        target_worst = first(lambda s: self._reached(s.worst_accuracy, s.worst_loss))
         final = samples[-1]
         live = [n for n in self.nodes.values() if n.training]
         split = cfg.net.partition
@@ -390,4 +416,6 @@ class Simulation:
             events=final.events,
             tensor_bytes_per_node=sum(n.tensor_bytes() for n in live) / max(1, len(live)),
             healed_s=healed.t - (split.at_s + split.for_s) if healed and split else None,
+            metric=self.metric,
+            target=self.target,
         )
