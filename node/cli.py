@@ -120,9 +120,9 @@ def _add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument(
         "--compress-fraction",
         dest="gossip.compress_fraction",
-        type=float,
+        metavar="F",
         default=d,
-        help="share of each block topk, randk and dct-topk send (default 0.01)",
+        help=_h("gossip.compress_fraction"),
     )
     p.add_argument(
         "--gamma",

@@ -130,7 +130,7 @@ def _perplexity(loss: float | None) -> float | None:
 def _judged(metric: str) -> list[str]:
     """The columns that say how good a node's model is, by the task's metric."""
     if metric == "accuracy":
-        return ["last eval loss", "last eval accuracy", "best accuracy"]
+        return ["last eval loss", "last eval accuracy", "best eval accuracy"]
     if metric == "perplexity":
         return ["last eval loss", "last eval perplexity", "best eval loss"]
     return ["last eval loss", "best eval loss"]
