@@ -62,7 +62,7 @@ testbed-down:
 WHEELHOUSE := docker/wheelhouse/.stamp
 $(WHEELHOUSE): pyproject.toml constraints/dev.txt | $(STAMP)
 	rm -f docker/wheelhouse/*.whl
-	$(BIN)/python -m pip wheel --quiet -c constraints/dev.txt -w docker/wheelhouse . 'setuptools>=69'
+	$(BIN)/python -m pip wheel --quiet -c constraints/dev.txt -w docker/wheelhouse '.[digits,plots]' 'setuptools>=69'
 	rm -f docker/wheelhouse/murmur-*.whl
 	touch $@
 

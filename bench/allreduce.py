@@ -44,7 +44,8 @@ class AllReduceConfig:
     step_time: float = 0.0
     #: rank -> how many times slower it steps, as ``murmur run --slowdown``.
     slowdowns: Mapping[int, float] = field(default_factory=dict)
-    #: Stop every worker once the model reaches this accuracy (None: spend the step budget).
+    #: Stop every worker once the model reaches this value of the task's metric: an accuracy,
+    #: or an eval loss to get below for a task judged by its loss (None: spend the budget).
     target: float | None = None
     #: Stop every worker at the first evaluation after this many seconds of training.
     limit_s: float | None = None
@@ -153,7 +154,7 @@ def _worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from node.tasks import Shard, load_task
-    from node.tasks.base import evaluate
+    from node.tasks.base import evaluate_task
     from node.trainer import TrainerConfig
     from node.trainer import batches as endless_batches
 
@@ -170,10 +171,11 @@ def _worker(args: argparse.Namespace) -> None:
     task = load_task(args.task)(Shard(args.rank, args.world, args.alpha, args.seed))
     model = DistributedDataParallel(task.model)
     optimizer = task.make_optimizer()
+    schedule = task.make_schedule(optimizer, args.steps)  # as a murmur node's trainer makes it
     # The batch order a murmur node with this shard index would draw.
     batches = endless_batches(task, torch.device("cpu"), args.seed * 1_000_003 + args.rank)
     numel = sum(p.numel() for p in task.model.parameters())
-    evals: list[dict[str, float]] = []
+    evals: list[dict[str, float | None]] = []
     samples = 0
     dist.barrier()
     started = time.perf_counter()
@@ -185,15 +187,27 @@ def _worker(args: argparse.Namespace) -> None:
         optimizer.zero_grad(set_to_none=True)
         task.loss(model(inputs), targets).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
+        if schedule is not None:
+            schedule.step()
         step += 1
         samples += len(targets)
         wait = pace.wait_after(time.perf_counter() - began)
         if wait > 0:
             time.sleep(wait)
         if step % args.eval_every == 0 or step == args.steps:
-            _, acc = evaluate(task.model, task.eval, task.loss, torch.device("cpu"))
-            evals.append({"t": time.perf_counter() - started, "step": step, "accuracy": acc})
-            reached = args.target is not None and acc >= args.target
+            loss, acc = evaluate_task(task, torch.device("cpu"))
+            evals.append(
+                {
+                    "t": time.perf_counter() - started,
+                    "step": step,
+                    "accuracy": acc if acc == acc else None,  # NaN: judged by its loss
+                    "loss": loss,
+                }
+            )
+            value = acc if task.metric == "accuracy" else loss
+            reached = args.target is not None and (
+                value >= args.target if task.metric == "accuracy" else value <= args.target
+            )
             late = args.limit is not None and evals[-1]["t"] > args.limit
             # All must stop at the same step or the next all-reduce waits forever: agree.
             stop.fill_(float(reached or late))
@@ -212,6 +226,7 @@ def _worker(args: argparse.Namespace) -> None:
                 "train_s": elapsed,
                 "samples_per_s": samples / elapsed,
                 "parameters": numel,
+                "metric": task.metric,
                 # Ring all-reduce sends 2(n-1)/n of the gradient per step from every worker.
                 "bytes_sent_model": int(step * 2 * (args.world - 1) / args.world * 4 * numel),
                 "evals": evals,
@@ -265,9 +280,14 @@ def main(argv: list[str]) -> None:
         results = asyncio.run(run_allreduce(cfg, Path(tmp)))
     for r in results:
         last = r["evals"][-1]
+        judged = (
+            f"accuracy {last['accuracy']:.3f}"
+            if r["metric"] == "accuracy"
+            else f"eval loss {last['loss']:.4f}"
+        )
         print(
             f"rank {r['rank']}: {r['steps']} steps, {r['samples_per_s']:.0f} samples/s, "
-            f"accuracy {last['accuracy']:.3f} at {last['t']:.1f} s"
+            f"{judged} at {last['t']:.1f} s"
         )
 
 

@@ -1,6 +1,7 @@
 """SWIM failure detection on the discrete-event simulator: detection time, false positives, traffic.
 
     python -m bench.failure_detection [--sizes 32 128] [--losses 0 0.05 0.2] [--seeds 5] [--quick]
+        [--full-quiet]
 
 Every run is :class:`gossip.swim_sim.SwimSimulation` with the default :class:`SwimConfig`, a
 uniform 1-20 ms one-way delay and independent loss of each message, started in a steady state
@@ -16,15 +17,17 @@ machine; only the wall time does. Two kinds of run:
   took longer than the bound, and how many *other* members were declared dead by anyone during
   these runs (false positives), summed over the runs.
 * Quiet (one per size and loss, no crash): ``--quiet-s`` seconds, less for larger swarms (see
-  ``quiet_seconds``). Counted over the whole run: suspicion episodes (a member at one
-  incarnation, suspected by anyone) and how many were refuted by the end, distinct members
-  declared dead by anyone (all false positives) and the number of such declarations, and
+  ``quiet_seconds``) unless ``--full-quiet``. Counted over the whole run: suspicion episodes
+  (a member at one incarnation, suspected by anyone) and how many were refuted by the end,
+  distinct members declared dead by anyone (all false positives) and the number of such
+  declarations, and
   whether every member's view holds all n members at the end. Counted after ``--warm-s``:
-  messages sent per member per second (pings, acks, ping-reqs and relayed pings and acks),
-  piggybacked records per message (the sender's own record included), and an *estimate* of
-  bytes per member per second, taking a record as ``len(node_id) + len(address) + 12`` bytes
-  and a message's header as 40 bytes: the simulator has no wire format, and the node's
-  protobuf encoding and real addresses differ.
+  messages sent per member per second (pings, acks, ping-reqs, nacks and relayed pings and
+  acks), piggybacked records per message (the sender's own record included), and an
+  *estimate* of bytes per member per second, taking a record as ``len(node_id) +
+  len(address) + 12`` bytes and a message's header as 40 bytes: the simulator has no wire
+  format, and the node's protobuf encoding (with keys and signatures) and real addresses
+  differ; push-pulls (whole member lists, swapped now and then) are counted apart, in bytes.
 
 Runs are independent and spread over ``--jobs`` processes. The simulator's cost per simulated
 second grows faster than n^2 (each event asks every member for its next deadline, which looks
@@ -42,7 +45,7 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 
-from gossip.swim import Outgoing, Status, SwimConfig
+from gossip.swim import Kind, Outgoing, Status, SwimConfig
 from gossip.swim_sim import SwimSimulation
 
 CFG = SwimConfig()
@@ -72,9 +75,10 @@ class Quiet:
     dead_declarations: int  # (observer, member) pairs
     whole_at_end: bool
     traffic_s: float
-    messages: int
+    messages: int  # push-pulls apart
     records: int
     est_bytes: int
+    push_pull_bytes: int
     cpu_s: float
 
 
@@ -91,10 +95,10 @@ def steady_start(sim: SwimSimulation) -> None:
         member.clear_updates()
 
 
-def quiet_seconds(n: int, quiet_s: float) -> float:
-    """``quiet_s`` up to 32 members, (32/n)^2 of it above (the simulator's cost per simulated
-    second grows faster than n^2), but at least a minute."""
-    return max(60.0, quiet_s * min(1.0, (32 / n) ** 2))
+def quiet_seconds(n: int, quiet_s: float, full: bool = False) -> float:
+    """``quiet_s`` up to 32 members (or at any size if ``full``), (32/n)^2 of it above (the
+    simulator's cost per simulated second grows faster than n^2), but at least a minute."""
+    return quiet_s if full else max(60.0, quiet_s * min(1.0, (32 / n) ** 2))
 
 
 def detect(n: int, loss: float, seed: int, warm_s: float) -> Detection:
@@ -141,18 +145,22 @@ def detect(n: int, loss: float, seed: int, warm_s: float) -> Detection:
 
 def quiet(n: int, loss: float, seed: int, quiet_s: float, warm_s: float) -> Quiet:
     cpu0 = time.process_time()
-    counts = {"messages": 0, "records": 0, "bytes": 0}
+    counts = {"messages": 0, "records": 0, "bytes": 0, "push-pull bytes": 0}
     counting = False
 
     def on_message(out: Outgoing) -> None:
         if not counting:
             return
         updates = out.message.updates
-        counts["messages"] += 1
-        counts["records"] += len(updates)
-        counts["bytes"] += HEADER_BYTES + sum(
+        nbytes = HEADER_BYTES + sum(
             len(r.node_id) + len(r.address) + RECORD_OVERHEAD_BYTES for r in updates
         )
+        if out.message.kind in (Kind.PUSH_PULL, Kind.PUSH_PULL_REPLY):
+            counts["push-pull bytes"] += nbytes
+            return
+        counts["messages"] += 1
+        counts["records"] += len(updates)
+        counts["bytes"] += nbytes
 
     sim = SwimSimulation(n, CFG, loss=loss, seed=seed, on_message=on_message)
     steady_start(sim)
@@ -188,6 +196,7 @@ def quiet(n: int, loss: float, seed: int, quiet_s: float, warm_s: float) -> Quie
         counts["messages"],
         counts["records"],
         counts["bytes"],
+        counts["push-pull bytes"],
         time.process_time() - cpu0,
     )
 
@@ -227,9 +236,9 @@ def quiet_table(results: list[Quiet], sizes: list[int], losses: list[float]) -> 
     print(
         "| members | loss | quiet s | suspicions (refuted) | members falsely dead "
         "(declarations) | views whole at end | msgs / member / s | records / msg | "
-        "~bytes / member / s |"
+        "~bytes / member / s | push-pull ~bytes / member / s |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in sizes:
         for loss in losses:
             [r] = [r for r in results if r.n == n and r.loss == loss]
@@ -238,7 +247,7 @@ def quiet_table(results: list[Quiet], sizes: list[int], losses: list[float]) -> 
                 f"| {n} | {_loss(loss)} | {r.quiet_s:.0f} | {r.suspicions} ({r.refuted}) | "
                 f"{r.falsely_dead} ({r.dead_declarations}) | {'yes' if r.whole_at_end else 'no'} "
                 f"| {r.messages / member_s:.2f} | {r.records / max(r.messages, 1):.2f} | "
-                f"{r.est_bytes / member_s:.0f} |"
+                f"{r.est_bytes / member_s:.0f} | {r.push_pull_bytes / member_s:.0f} |"
             )
 
 
@@ -250,6 +259,9 @@ def main() -> None:
     parser.add_argument("--warm-s", type=float, default=10.0, help="run before the crash")
     parser.add_argument(
         "--quiet-s", type=float, default=2000.0, help="quiet run at 32 members or fewer"
+    )
+    parser.add_argument(
+        "--full-quiet", action="store_true", help="quiet runs last --quiet-s at every size"
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--quick", action="store_true", help="2 seeds, 300 s quiet runs")
@@ -265,7 +277,7 @@ def main() -> None:
         # The largest runs first, so that the last to finish are short.
         for n in sorted(args.sizes, reverse=True):
             for loss in sorted(args.losses, reverse=True):
-                q = quiet_seconds(n, args.quiet_s)
+                q = quiet_seconds(n, args.quiet_s, args.full_quiet)
                 quiet_runs.append(pool.submit(quiet, n, loss, 1000, q, args.warm_s))
             for loss in sorted(args.losses, reverse=True):
                 for seed in range(args.seeds):
@@ -276,8 +288,9 @@ def main() -> None:
     cpu = sum(r.cpu_s for r in quiet_results) + sum(r.cpu_s for r in detection_results)
     print(
         f"# SWIM, default SwimConfig (period {CFG.period_s:g} s, ping timeout "
-        f"{CFG.ping_timeout_s:g} s, k={CFG.indirect_probes}, suspicion "
-        f"{CFG.suspicion_mult:g}*max(1, log10 n) periods); "
+        f"{CFG.ping_timeout_s:g} s, k={CFG.indirect_probes} and a retry, suspicion "
+        f"{CFG.suspicion_mult:g}*max(1, log10 n) periods, x{CFG.suspicion_max_mult:g} "
+        f"unconfirmed, K={CFG.confirmations}; local health up to x{CFG.max_health + 1}); "
         f"times in simulated seconds ({wall:.0f} s wall, {cpu:.0f} s CPU in {args.jobs} processes)"
     )
     print()

@@ -69,19 +69,22 @@ class Testnet:
     delay: str
     loss: str
     applied: str = ""
+    #: Names of everything made start with this (another bench may use its own at once).
+    name: str = PREFIX
+    subnet: str = SUBNET
 
     def namespace(self, i: int) -> str:
-        return f"{PREFIX}-n{i}"
+        return f"{self.name}-n{i}"
 
     def address(self, i: int) -> str:
-        return f"{SUBNET}.{i + 1}"
+        return f"{self.subnet}.{i + 1}"
 
     def prefix(self, i: int) -> list[str]:
         return ["ip", "netns", "exec", self.namespace(i)]
 
     def sent_bytes(self, i: int) -> int:
         """What node ``i`` put on the wire: its link's bytes as they arrive at the bridge."""
-        return int(Path(f"/sys/class/net/{PREFIX}-v{i}/statistics/rx_bytes").read_text())
+        return int(Path(f"/sys/class/net/{self.name}-v{i}/statistics/rx_bytes").read_text())
 
     def __enter__(self) -> Testnet:
         self.clean()
@@ -96,16 +99,16 @@ class Testnet:
         self.clean()
 
     def _build(self) -> None:
-        bridge = f"{PREFIX}-br"
+        bridge = f"{self.name}-br"
         sh("ip", "link", "add", bridge, "type", "bridge")
-        sh("ip", "addr", "add", f"{SUBNET}.254/24", "dev", bridge)
+        sh("ip", "addr", "add", f"{self.subnet}.254/24", "dev", bridge)
         sh("ip", "link", "set", bridge, "up")
         # A Docker engine on this host drops forwarded bridge traffic unless told otherwise.
         if _bridge_filtered():
             sh("iptables", "-I", "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT")
         shaping = []
         for i in range(self.n):
-            ns, outside, inside = self.namespace(i), f"{PREFIX}-v{i}", f"{PREFIX}-p{i}"
+            ns, outside, inside = self.namespace(i), f"{self.name}-v{i}", f"{self.name}-p{i}"
             sh("ip", "netns", "add", ns)
             sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
             sh("ip", "link", "set", inside, "netns", ns)
@@ -122,9 +125,9 @@ class Testnet:
     def clean(self) -> None:
         for ns in sh("ip", "netns", "list", check=False).splitlines():
             name = ns.split()[0] if ns.split() else ""
-            if name.startswith(f"{PREFIX}-n"):
+            if name.startswith(f"{self.name}-n"):
                 sh("ip", "netns", "del", name, check=False)  # takes its veth pair along
-        bridge = f"{PREFIX}-br"
+        bridge = f"{self.name}-br"
         if Path(f"/sys/class/net/{bridge}").exists():
             if _bridge_filtered():
                 rule = ["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]

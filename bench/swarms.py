@@ -15,18 +15,26 @@ ArgvHook = Callable[[int, list[str]], list[str]]
 
 
 async def start_swarm(
-    cfg: SwarmConfig, workdir: Path, together: bool, hook: ArgvHook = lambda i, argv: argv
+    cfg: SwarmConfig,
+    workdir: Path,
+    together: bool,
+    hook: ArgvHook = lambda i, argv: argv,
+    start_timeout_s: float = 120.0,
 ) -> list[NodeProcess]:
     """Start ``cfg.nodes`` processes, joined into one swarm through the first (or each alone)."""
     procs = [NodeProcess(i, workdir / f"node-{i}") for i in range(cfg.nodes)]
     provision(cfg, workdir, [p.state_dir for p in procs])
     wait = None if together else 1
     try:
-        await procs[0].start(hook(0, node_argv(cfg, 0, procs[0].state_dir, None, wait)), 120)
+        first = hook(0, node_argv(cfg, 0, procs[0].state_dir, None, wait))
+        await procs[0].start(first, start_timeout_s)
         join = procs[0].address if together else None
         await asyncio.gather(
             *(
-                p.start(hook(p.index, node_argv(cfg, p.index, p.state_dir, join, wait)), 120)
+                p.start(
+                    hook(p.index, node_argv(cfg, p.index, p.state_dir, join, wait)),
+                    start_timeout_s,
+                )
                 for p in procs[1:]
             )
         )

@@ -1,10 +1,11 @@
 """A task plug-in of your own: a small CNN on synthetic "bars" images, with every option used.
 
-Run two nodes on it (each in its own terminal):
+Run two nodes on it from the repository's root, each in its own terminal (over plain TCP on
+loopback; for mutual TLS, give each a certificate from `murmur ca issue` instead of --insecure):
 
-    murmur run --task examples/custom_task.py:make_task --listen 127.0.0.1:7070 \\
+    murmur run --task examples/custom_task.py:make_task --listen 127.0.0.1:7070 --insecure \\
         --state-dir /tmp/a --shard 0/2 --wait-members 2 --steps 300
-    murmur run --task examples/custom_task.py:make_task --listen 127.0.0.1:7071 \\
+    murmur run --task examples/custom_task.py:make_task --listen 127.0.0.1:7071 --insecure \\
         --state-dir /tmp/b --shard 1/2 --wait-members 2 --steps 300 --join 127.0.0.1:7070
 
 The factory receives a ``Shard`` (this node's index and the shard count, plus the ``--alpha``

@@ -9,6 +9,10 @@ The network models what a wide-area link does to a message of ``b`` bytes sent f
 serialise there (one FIFO per sender, as a home or phone uplink is the usual bottleneck), then
 ``latency(a, c)`` seconds to arrive, unless it is lost (each message independently). With a
 latency fixed per link, messages on one link arrive in the order sent, as on one TCP stream.
+
+A partition (:meth:`Network.split`) cuts the network into groups for a while: a lossy message
+between two groups is lost, and a reliable one (a call the transport retries) waits until the
+partition ends, then goes.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ import math
 import random
 import zlib
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 
 from gossip.clock import ManualClock
 
-__all__ = ["EventQueue", "LinkLatency", "Network"]
+__all__ = ["EventQueue", "LinkLatency", "Network", "Partition"]
 
 
 class EventQueue:
@@ -110,6 +115,19 @@ class LinkLatency:
         return self.lo_s + (self.hi_s - self.lo_s) * h / 0xFFFFFFFF
 
 
+@dataclass(frozen=True)
+class Partition:
+    """From ``start_s`` until ``end_s`` (simulated seconds), only addresses that ``group_of``
+    puts in the same group reach each other."""
+
+    start_s: float
+    end_s: float
+    group_of: Callable[[str], Hashable]
+
+    def cuts(self, src: str, dst: str, now: float) -> bool:
+        return self.start_s <= now < self.end_s and self.group_of(src) != self.group_of(dst)
+
+
 class Network:
     """Messages between addresses, delivered by callbacks on an :class:`EventQueue`.
 
@@ -136,8 +154,18 @@ class Network:
         self.loss = loss
         self.rng = rng or random.Random(0)
         self._uplink_free: dict[str, float] = {}
+        self.partitions: list[Partition] = []
         self.sent = 0
         self.lost = 0
+        #: Messages a partition stopped (lost, or held until it ended).
+        self.cut = 0
+
+    def split(self, group_of: Callable[[str], Hashable], start_s: float, duration_s: float) -> None:
+        """Partition the network into the groups of ``group_of`` from ``start_s`` for
+        ``duration_s`` seconds."""
+        if duration_s <= 0:
+            raise ValueError("a partition lasts a positive time")
+        self.partitions.append(Partition(start_s, start_s + duration_s, group_of))
 
     def send(
         self, src: str, dst: str, nbytes: int, deliver: Callable[[], None], lossy: bool = True
@@ -151,9 +179,20 @@ class Network:
         Returns:
             Whether the message will arrive.
         """
+        now = self.events.now()
+        ends = [p.end_s for p in self.partitions if p.cuts(src, dst, now)]
+        if ends:
+            self.cut += 1
+            if lossy:
+                return False
+
+            def retry() -> None:
+                self.send(src, dst, nbytes, deliver, lossy)
+
+            self.events.at(max(ends), retry)
+            return True
         self.sent += 1
         lost = lossy and self.loss > 0 and self.rng.random() < self.loss
-        now = self.events.now()
         start = max(now, self._uplink_free.get(src, now))
         done = start + nbytes / self.bandwidth_bps
         if done > now:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from gossip.codecs import Encoded
+from gossip.encoded import Encoded
 from gossip.swim import MemberRecord
+
+if TYPE_CHECKING:
+    from gossip.codecs import Codec
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -42,11 +46,21 @@ class ParamSpec:
 
 @dataclass(frozen=True)
 class TaskFingerprint:
-    """What all nodes of a swarm must share: the model's parameters and the gossip codec."""
+    """What all nodes of a swarm must share: the model's parameters and the gossip codec.
+
+    ``fraction`` is the share of each block a sparse codec sends (it fixes the payload's
+    length); 0.0 for the dense codecs, which have none.
+    """
 
     params: tuple[ParamSpec, ...]
     codec: str
     block_size: int
+    fraction: float = 0.0
+
+    @classmethod
+    def of(cls, params: tuple[ParamSpec, ...], codec: Codec) -> TaskFingerprint:
+        """The fingerprint of a task gossiped with ``codec`` (its name and settings)."""
+        return cls(params, codec.name, codec.block_size, codec.fraction)
 
     @property
     def numel(self) -> int:
@@ -54,10 +68,14 @@ class TaskFingerprint:
         return sum(p.numel for p in self.params)
 
     def digest(self) -> str:
-        blob = json.dumps(
-            [[[p.name, list(p.shape), p.dtype] for p in self.params], self.codec, self.block_size]
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        parts: list[object] = [
+            [[p.name, list(p.shape), p.dtype] for p in self.params],
+            self.codec,
+            self.block_size,
+        ]
+        if self.fraction:  # only then: dense codecs keep the digests their checkpoints hold
+            parts.append(self.fraction)
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
     def differences(
         self, other: TaskFingerprint, mine: str = "we have", theirs: str = "they have"
@@ -72,6 +90,8 @@ class TaskFingerprint:
             differ("codec", self.codec, other.codec)
         if self.block_size != other.block_size:
             differ("block size", self.block_size, other.block_size)
+        if self.fraction != other.fraction:
+            differ("compression fraction", self.fraction, other.fraction)
         ours = {p.name: p for p in self.params}
         others = {p.name: p for p in other.params}
         for name in sorted(ours.keys() | others.keys()):

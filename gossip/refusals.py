@@ -24,9 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 
-from gossip.codecs import NonFiniteError
-from gossip.replicas import SequenceGap, StaleSequence, UnknownPeer
-
 __all__ = ["REFUSALS", "Reason", "Refusal", "Retry", "reason_of", "refusal"]
 
 
@@ -53,6 +50,17 @@ class Reason(StrEnum):
     RATE_LIMITED = "rate_limited"
     #: The sender sent too many bad messages lately and is kept out for a while.
     BANNED = "banned"
+    #: The caller's certificate is from the swarm's CA but unfit for a node (key type, a CA).
+    CERTIFICATE = "certificate"
+    #: Member records dropped for want of proof that a certificate of the swarm's CA names
+    #: their id (counted per record; the message carrying them is taken).
+    UNADMITTED = "unadmitted"
+    #: Member records dropped unchecked: their relayer spent its budget of signature checks.
+    OVER_BUDGET = "over_budget"
+    #: A delta or snapshot that would move a replica absurdly far (gossip/replicas.py).
+    IMPLAUSIBLE = "implausible"
+    #: A revocation list that is too large, malformed, or not signed by the swarm's CA.
+    BAD_REVOCATIONS = "bad_revocations"
 
 
 class Retry(Enum):
@@ -100,6 +108,11 @@ REFUSALS: dict[Reason, Refusal] = {
     Reason.REVOKED: Refusal(),
     Reason.RATE_LIMITED: Refusal(),
     Reason.BANNED: Refusal(),
+    Reason.CERTIFICATE: Refusal(),
+    Reason.UNADMITTED: _BAD,
+    Reason.OVER_BUDGET: Refusal(),
+    Reason.IMPLAUSIBLE: _BAD,
+    Reason.BAD_REVOCATIONS: Refusal(),
 }
 
 
@@ -112,6 +125,11 @@ def refusal(reason: Reason) -> Refusal:
 def reason_of(err: Exception) -> Reason:
     """The refusal a core error stands for: the state machine's (gossip/replicas.py) and the
     codecs' (gossip/codecs.py)."""
+    # Imported here: the reasons themselves serve commands that start without torch
+    # (`murmur status`, tests/node/test_cli_light.py).
+    from gossip.codecs import NonFiniteError
+    from gossip.replicas import ImplausibleUpdate, SequenceGap, StaleSequence, UnknownPeer
+
     if isinstance(err, UnknownPeer):
         return Reason.UNKNOWN_SENDER
     if isinstance(err, SequenceGap):
@@ -120,4 +138,6 @@ def reason_of(err: Exception) -> Reason:
         return Reason.STALE
     if isinstance(err, NonFiniteError):
         return Reason.NON_FINITE
+    if isinstance(err, ImplausibleUpdate):
+        return Reason.IMPLAUSIBLE
     return Reason.BAD_PAYLOAD

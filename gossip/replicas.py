@@ -15,10 +15,15 @@ Algorithm 1), made asynchronous:
 
 Sending Q(x_i) itself instead, without the public copies, leaves a floor of quantization noise
 that consensus never gets below (see tests/gossip/test_sync_gossip.py).
+
+What a neighbour sends is checked before it changes a replica (:class:`UpdateGuard`): besides
+its shape and finite values, a delta or snapshot may not put the replica absurdly far from this
+node's own public copy, since mixing would carry the node's model most of the way there.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -30,10 +35,14 @@ from gossip.codecs import Codec, CodecError, Encoded, NonFiniteError
 __all__ = [
     "GossipError",
     "GossipState",
+    "ImplausibleUpdate",
     "Replica",
     "SequenceGap",
     "StaleSequence",
     "UnknownPeer",
+    "UpdateGuard",
+    "agreeing_pair",
+    "relative_distance",
 ]
 
 NodeId = str
@@ -60,6 +69,47 @@ class StaleSequence(GossipError):
     """The message is not newer than the replica: a duplicate or a replay."""
 
 
+class ImplausibleUpdate(GossipError):
+    """A delta or snapshot that would put a replica absurdly far from this node's public copy
+    (or, with ``UpdateGuard.consistency``, a snapshot that agrees with no other neighbour)."""
+
+
+@dataclass(frozen=True)
+class UpdateGuard:
+    """What a neighbour's delta or snapshot may do to its replica x̂_j, judged against this
+    node's public copy x̂_i (which tracks its model x_i).
+
+    The rule: ``||x̂_j' - x̂_i|| <= max_distance * max(||x̂_i||, floor_rms * sqrt(n))`` for the
+    replica x̂_j' that the update would make. Why it holds for honest traffic: CHOCO keeps each
+    x̂_j within a few rounds' movement of x_j, and x_j within the consensus distance of x_i, so
+    honest neighbours are a small fraction of the model's norm apart (the largest ratio in
+    measured runs of every codec is in bench/RESULTS.md); even a fresh node still at the initial
+    model is within a few norms of a trained one. Why it matters: mixing moves x_i by
+    γ·w_ij·(x̂_j − x̂_i), so a replica 32 norms away would move the model several times its own
+    size in one round, and a replica of 1e38 (which is finite) would overflow it. The bound is
+    relative to this node's own copy, never to the sender's earlier updates, so a sender cannot
+    raise it by growing its replica step by step. Robust mixing (ClippedGossip) then limits what
+    a neighbour within the bound can do.
+
+    Args:
+        max_distance: the bound, in norms of x̂_i.
+        floor_rms: the norm used for a model that is (nearly) zero, per value.
+        consistency: with robust mixing, a snapshot must also lie within this many norms of
+            x̂_i or of another neighbour's replica, when there is one ("consistent with a second
+            member"); None: no such check.
+    """
+
+    max_distance: float = 32.0
+    floor_rms: float = 1e-2
+    consistency: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.max_distance > 0 or not self.floor_rms > 0:
+            raise ValueError("max_distance and floor_rms must be positive")
+        if self.consistency is not None and not self.consistency > 0:
+            raise ValueError("consistency must be positive")
+
+
 @dataclass
 class Replica:
     """What this node knows of one neighbour's public copy."""
@@ -83,6 +133,8 @@ class GossipState:
         clock: where ``last_heard`` times come from.
         generator: randomness for stochastic rounding (on ``initial``'s device).
         session: names this run's log of deltas; draw a new one at every start.
+        guard: what updates may do to a replica (None: anything finite; the daemon and the
+            simulator both guard).
     """
 
     def __init__(
@@ -92,9 +144,14 @@ class GossipState:
         clock: Clock,
         generator: torch.Generator | None = None,
         session: int = 0,
+        guard: UpdateGuard | None = None,
     ) -> None:
         if initial.dim() != 1 or initial.dtype != torch.float32:
             raise ValueError("the gossiped vector must be flat float32")
+        self.guard = guard
+        #: The largest distance, in norms of x̂_i, that an accepted update put a replica at
+        #: (how close honest traffic comes to ``guard.max_distance``).
+        self.largest_move = 0.0
         self.codec = codec
         self.clock = clock
         self.generator = generator
@@ -194,6 +251,7 @@ class GossipState:
         value += replica.value  # into the decoded buffer: the replica changes only if finite
         if not bool(torch.isfinite(value).all()):
             raise NonFiniteError(f"the delta from {peer} would overflow its replica")
+        self._check_plausible(peer, value, "delta")
         replica.value = value
         replica.seq = seq
         replica.step = step
@@ -229,10 +287,48 @@ class GossipState:
             raise CodecError("a snapshot is a flat float32 vector")
         if not bool(torch.isfinite(values).all()):
             raise CodecError("snapshot holds non-finite values")
+        self._check_plausible(peer, values, "snapshot")
+        self._check_consistent(peer, values)
         self.replicas[peer] = Replica(
             values.to(self.device, copy=True), session, seq, self.clock.now(), step, degree
         )
         return seq
+
+    def _distance(self, values: torch.Tensor, to: torch.Tensor, floor_rms: float) -> float:
+        """||values - to|| in norms of ``to`` (at least ``floor_rms`` per value)."""
+        diff = float(torch.linalg.vector_norm(values.to(to.device) - to))
+        floor = floor_rms * math.sqrt(max(to.numel(), 1))
+        return diff / max(float(torch.linalg.vector_norm(to)), floor)
+
+    def _check_plausible(self, peer: NodeId, values: torch.Tensor, what: str) -> None:
+        guard = self.guard
+        if guard is None:
+            return
+        ratio = self._distance(values, self.public, guard.floor_rms)
+        if not ratio <= guard.max_distance:  # also refuses NaN, which compares false
+            raise ImplausibleUpdate(
+                f"the {what} from {peer} would put its replica {ratio:.3g} times our model's "
+                f"norm away from our model (at most {guard.max_distance:g})"
+            )
+        self.largest_move = max(self.largest_move, ratio)
+
+    def _check_consistent(self, peer: NodeId, values: torch.Tensor) -> None:
+        """With ``guard.consistency``: a snapshot must agree with this node's copy or with
+        another neighbour's replica, when there is another to agree with."""
+        guard = self.guard
+        limit = guard.consistency if guard is not None else None
+        if guard is None or limit is None:
+            return
+        others = [r.value for p, r in self.replicas.items() if p != peer]
+        if not others:
+            return
+        refs = [self.public, *others]
+        if any(self._distance(values, ref, guard.floor_rms) <= limit for ref in refs):
+            return
+        raise ImplausibleUpdate(
+            f"the snapshot from {peer} is more than {limit:g} norms from our model and from "
+            f"each of our {len(others)} other neighbours' models"
+        )
 
     def restart(self, values: torch.Tensor, session: int) -> None:
         """Start a new log from ``values`` (a joiner that pulled the swarm's model): x̂ becomes
@@ -273,3 +369,28 @@ class GossipState:
             pull.add_(self.public, alpha=-total)
             x.add_(pull.to(x.dtype), alpha=gamma)
         return x
+
+
+def relative_distance(a: torch.Tensor, b: torch.Tensor, floor_rms: float = 1e-2) -> float:
+    """||a - b|| over the larger of the two norms (at least ``floor_rms`` per value)."""
+    floor = floor_rms * math.sqrt(max(a.numel(), 1))
+    scale = max(float(torch.linalg.vector_norm(a)), float(torch.linalg.vector_norm(b)), floor)
+    return float(torch.linalg.vector_norm(a - b)) / scale
+
+
+def agreeing_pair(
+    models: list[torch.Tensor], tolerance: float = 0.5, floor_rms: float = 1e-2
+) -> tuple[int, int] | None:
+    """The first two of ``models`` (by the later one's place, then the earlier's) that agree:
+    within ``tolerance`` of the larger norm of the two. None when no two do.
+
+    A joiner adopts a pulled model only once a second member's agrees with it: honest members
+    hold models a consensus distance apart, a few percent of their norm, while a poisoned one
+    (1e38 everywhere, a scaled or sign-flipped copy) is at least about its own norm from any
+    honest one. One poisoner among the members asked cannot make two models agree.
+    """
+    for j in range(1, len(models)):
+        for i in range(j):
+            if relative_distance(models[i], models[j], floor_rms) <= tolerance:
+                return i, j
+    return None

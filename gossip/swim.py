@@ -2,20 +2,39 @@
 
 A pure state machine after Das, Gupta and Motivala, "SWIM: Scalable Weakly-consistent
 Infection-style Process Group Membership Protocol" (DSN 2002), with the suspicion mechanism of
-its §4.2 and a suspicion timeout that grows with log n as in Lifeguard (Dadgar et al. 2018):
+its §4.2 and Lifeguard's refinements (Dadgar et al. 2018; see :mod:`gossip.lifeguard`):
 
-* every ``period_s`` a member pings the next member of a shuffled round-robin list (§4.3);
-* without an ack within ``ping_timeout * period_s`` it asks ``indirect_probes`` others to ping
-  the target for it (ping-req);
-* without any ack by the end of the period, the target becomes *suspect*; a suspect that does not
-  refute within the suspicion timeout is declared *dead*;
+* every probe period a member pings the next member of a shuffled round-robin list (§4.3);
+* without an ack within the ping timeout it asks ``indirect_probes`` others to ping the target
+  for it (ping-req), and pings it once more; a helper whose own ping goes unanswered says so
+  (a nack);
+* without any ack by the end of the period, the prober *accuses* the target: a suspicion,
+  signed by the accuser, that spreads; a suspect that does not refute in time is dead to the
+  member that holds the suspicion, after a timeout that shrinks with each other accuser
+  (Lifeguard §4.2) and once a last probe of its own has failed too; the probe period and
+  timeout stretch while this member itself misses acks (Lifeguard §4.1);
 * a member refutes a suspicion of itself by raising its incarnation number;
 * membership updates ride on every message (piggybacking), each sent about
   ``retransmit_mult * log10(n + 1)`` times.
 
+Two mechanisms heal what gossip misses (memberlist and Serf do the same): every push-pull period
+a member swaps its whole state with a random member, and now and then with one it holds dead (a
+reconnect), until that one is forgotten. So a partition ends in one view: a reconnect tells a
+member on the other side that it is believed dead, it refutes, and the answer carries the
+refutation and its side's view back.
+
+Accusations name their accuser, and a member counts each accuser once. Hearsay never kills: a
+member that hears that another is dead takes it as one more suspicion, which its own timer must
+see through, so one insider that re-sends death notices cannot keep a live member out of a view
+while the member refutes. A record that is not news (by incarnation, then status) changes
+nothing. What a member holds is bounded: the view (``max_members``), the update queue
+(``max_pending``), the records taken from one message, and the members new to us that one
+relayer may introduce per second; what is over is dropped and counted in :attr:`Swim.refused`.
+
 The machine does no I/O: :meth:`Swim.tick` and :meth:`Swim.receive` return the messages to send,
 and time comes from an injected clock. A node that leaves says so (``left``), which spreads like
-death but is never suspected first.
+death but is never suspected first. The view's rules live in :mod:`gossip.swim_view`, the
+probes in :mod:`gossip.swim_probe`, the statuses and messages in :mod:`gossip.swim_messages`.
 """
 
 from __future__ import annotations
@@ -24,11 +43,23 @@ import math
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
 from gossip.clock import Clock
+from gossip.swim_messages import (
+    ACCUSATIONS,
+    FULL_STATE,
+    LIVE,
+    Kind,
+    Outgoing,
+    Status,
+    SwimMessage,
+    supersedes,
+)
+from gossip.swim_probe import FailureDetector
 
 __all__ = [
+    "ACCUSATIONS",
+    "LIVE",
     "Kind",
     "MemberRecord",
     "Outgoing",
@@ -42,25 +73,15 @@ __all__ = [
 NodeId = str
 
 
-class Status(StrEnum):
-    ALIVE = "alive"
-    SUSPECT = "suspect"
-    DEAD = "dead"
-    LEFT = "left"
-
-
-_RANK = {Status.ALIVE: 0, Status.SUSPECT: 1, Status.DEAD: 2, Status.LEFT: 2}
-#: Members that count: the ones a node gossips with.
-LIVE = frozenset({Status.ALIVE, Status.SUSPECT})
-
-
 @dataclass(frozen=True)
 class MemberRecord:
     """What one member is believed to be.
 
     ``public_key`` and ``signature`` let anyone check the parts only the member itself may say
     (:meth:`claim`): its address, its incarnation, and that it left. Suspicion and death are
-    other members' claims, so a record that says them keeps the member's signature of "alive".
+    other members' claims, so a record that says them keeps the member's signature of "alive"
+    and adds the accuser's: ``accuser`` and ``accuser_signature`` over :meth:`accusation`.
+    ``certificate`` (DER) is the swarm CA's proof that the id is a member's at all.
     """
 
     node_id: NodeId
@@ -69,6 +90,10 @@ class MemberRecord:
     status: Status = Status.ALIVE
     public_key: bytes = b""
     signature: bytes = b""
+    certificate: bytes = b""
+    # swim: who accuses this member (suspect or dead), and its signature of that.
+    accuser: NodeId = ""
+    accuser_signature: bytes = b""
 
     @property
     def live(self) -> bool:
@@ -79,61 +104,61 @@ class MemberRecord:
         what = "left" if self.status is Status.LEFT else "alive"
         return f"murmur-member|{self.node_id}|{self.address}|{self.incarnation}|{what}".encode()
 
+    def accusation(self) -> bytes:
+        """The bytes the accuser signs: that this member, at this incarnation, failed its probe.
 
-def supersedes(new: MemberRecord, old: MemberRecord) -> bool:
-    """SWIM's order on updates about one member: a higher incarnation wins; at the same
-    incarnation, suspect beats alive and dead (or left) beats both."""
-    if new.incarnation != old.incarnation:
-        return new.incarnation > old.incarnation
-    return _RANK[new.status] > _RANK[old.status]
-
-
-class Kind(StrEnum):
-    PING = "ping"
-    ACK = "ack"
-    PING_REQ = "ping_req"
-
-
-@dataclass(frozen=True)
-class SwimMessage:
-    """One protocol message. ``target`` is whom a ping-req asks about, or whose ack is relayed."""
-
-    kind: Kind
-    sender: NodeId
-    sender_address: str
-    seq: int
-    target: NodeId = ""
-    updates: tuple[MemberRecord, ...] = ()
-    #: Carried for the node (a signed revocation list); the protocol ignores it.
-    revocations: bytes = b""
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    address: str
-    message: SwimMessage
+        Suspect and dead are one accusation (the status a relay passes on is its own verdict,
+        and a receiver takes either as a suspicion), so the status is not signed.
+        """
+        return f"murmur-accuse|{self.node_id}|{self.incarnation}|{self.accuser}".encode()
 
 
 @dataclass(frozen=True)
 class SwimConfig:
     """Args:
-    period_s: one probe per member per period.
+    period_s: one probe per member per period (at full local health).
     ping_timeout: the fraction of a period to wait for a direct ack before asking others.
     indirect_probes: how many others to ask (k).
-    suspicion_mult: a suspect is dead after ``suspicion_mult * max(1, log10 n)`` periods.
+    suspicion_mult: a suspect with enough confirmations is dead after
+        ``suspicion_mult * max(1, log10 n)`` periods (the minimum suspicion timeout).
+    suspicion_max_mult: a suspicion nobody else confirms lasts this many times the minimum.
+    confirmations: accusers besides the first that bring a suspicion down to the minimum (K).
+    max_health: the local health score's cap; probes stretch up to ``max_health + 1`` times.
     retransmit_mult: each update is piggybacked ``ceil(retransmit_mult * log10(n + 1))`` times.
     max_piggyback: updates per message, besides the sender's own record.
-    forget_after_s: how long dead and departed members are remembered (so that stale gossip
-        about them cannot bring them back).
+    reconnect_interval_s: how often a member pings one of the members it holds dead (with the
+        probability that makes it about one ping per dead member and interval, swarm-wide).
+    forget_after_s: how long dead and departed members are remembered (dead ones are pinged
+        again all that time), so that old records about them change nothing.
+    push_pull_interval_s: how often a member swaps its whole state with a random member, up to
+        32 members; above, times ``ceil(log2 n - 5) + 1``.
+    max_push_pull: the most records one push-pull carries (this member's own, then the live
+        members, then the others, a random share of each where there are more).
+    max_members: the most members a view holds, dead and departed included; a full view makes
+        room by forgetting the member longest dead, else refuses newcomers.
+    max_pending: the most updates waiting to be piggybacked; a full queue drops the update
+        that has been sent most.
+    new_members_per_s, new_members_burst: the rate (a token bucket per relayer) at which one
+        relayer may introduce members new to us.
     """
 
-    period_s: float = 1.0
-    ping_timeout: float = 0.4
-    indirect_probes: int = 3
-    suspicion_mult: float = 5.0
-    retransmit_mult: float = 6.0
-    max_piggyback: int = 8
-    forget_after_s: float = 120.0
+    period_s: float = 1.0  # a crash is noticed within a second or two (SWIM §5)
+    ping_timeout: float = 0.4  # far above any round trip, and leaves 0.6 of a period for helpers
+    indirect_probes: int = 4  # with the retry, 1.6% false failures at 20% loss (3: 2.7%)
+    suspicion_mult: float = 5.0  # 10.5 s at 128 members: time for the suspect to hear and refute
+    suspicion_max_mult: float = 6.0  # memberlist's: one accuser alone gives a minute at 128
+    confirmations: int = 3  # three others that failed too are strong evidence (Lifeguard §4.2)
+    max_health: int = 8  # memberlist's awareness cap: a sick member probes 9x slower at worst
+    retransmit_mult: float = 6.0  # 13 sends at 128 members: reaches all with high probability
+    max_piggyback: int = 8  # ~2 KB of records (key and signature each) on one message
+    reconnect_interval_s: float = 5.0  # a healed 3|3 split is one view in ~5 s, well within 30 s
+    forget_after_s: float = 86_400.0  # Serf reconnects failed members for 24 h
+    push_pull_interval_s: float = 15.0  # repairs within ~2 periods (30 s); ~1 KB/s at 32 members
+    max_members: int = 4096  # 16x the largest simulated swarm; ~2 MB of records at most
+    max_push_pull: int = 512  # ~160 KB with keys and signatures: far under gRPC's bound
+    max_pending: int = 256  # at ~40 records/s sent, more could not go out in their budget anyway
+    new_members_per_s: float = 2.0  # joins come a few a minute; one relayer cannot swamp a view
+    new_members_burst: int = 64  # a whole small swarm at once, as a push-pull from a new member
 
     def __post_init__(self) -> None:
         if self.period_s <= 0:
@@ -142,53 +167,48 @@ class SwimConfig:
             raise ValueError("ping_timeout is a fraction of the period, between 0 and 1")
         if self.indirect_probes < 0 or self.suspicion_mult <= 0 or self.retransmit_mult <= 0:
             raise ValueError("indirect_probes, suspicion_mult and retransmit_mult must be positive")
+        if self.suspicion_max_mult < 1 or self.confirmations < 0 or self.max_health < 0:
+            raise ValueError("suspicion_max_mult >= 1, confirmations >= 0, max_health >= 0")
+        if min(self.reconnect_interval_s, self.forget_after_s, self.push_pull_interval_s) <= 0:
+            raise ValueError("reconnect, forget and push-pull intervals must be positive")
+        if min(self.max_members, self.max_pending, self.max_piggyback, self.new_members_burst) < 1:
+            raise ValueError("max_members, max_pending, max_piggyback and the burst must be >= 1")
+        if self.max_push_pull < 2:
+            raise ValueError("max_push_pull must be at least 2 (ourselves and one other)")
+        if self.new_members_per_s <= 0:
+            raise ValueError("new_members_per_s must be positive")
 
     @property
     def ping_timeout_s(self) -> float:
         return self.ping_timeout * self.period_s
 
     def suspicion_timeout_s(self, n: int) -> float:
+        """The minimum suspicion timeout in an n-member swarm."""
         return self.suspicion_mult * max(1.0, math.log10(max(n, 1))) * self.period_s
+
+    def expected_confirmations(self, n: int) -> int:
+        """K, or 0 where too few members could confirm (as memberlist)."""
+        return self.confirmations if n - 2 >= self.confirmations else 0
 
     def retransmit_limit(self, n: int) -> int:
         return max(1, math.ceil(self.retransmit_mult * math.log10(n + 1)))
 
+    def push_pull_period_s(self, n: int) -> float:
+        if n <= 32:
+            return self.push_pull_interval_s
+        return (math.ceil(math.log2(n) - 5) + 1) * self.push_pull_interval_s
+
     def detection_deadline_s(self, n: int) -> float:
         """How long after a crash every member of an n-member swarm has it dead, at the latest
-        expected: a few periods until someone's probe fails, the suspicion timeout, and the
-        periods the news takes to reach everyone (it doubles its reach each period)."""
+        expected: a few periods until someone's probe fails, the periods the suspicion takes to
+        reach everyone (it doubles its reach each period), and the minimum suspicion timeout
+        (a real crash is confirmed by everyone who probes it)."""
         spread = math.ceil(math.log2(max(n, 2))) + 2
         return (3 + spread) * self.period_s + self.suspicion_timeout_s(n)
 
 
 @dataclass
-class _Probe:
-    target: NodeId
-    seq: int
-    started: float
-    indirect_sent: bool = False
-
-
-@dataclass
-class _Relay:
-    """A ping sent on behalf of ``requester``, whose ack goes back to it under ``seq``."""
-
-    requester_address: str
-    seq: int
-    target: NodeId
-    expires: float
-
-
-@dataclass
-class _Entry:
-    record: MemberRecord
-    changed_at: float
-    suspect_since: float | None = None
-    checked: bool = False  # probed by us since it became suspect
-
-
-@dataclass
-class Swim:
+class Swim(FailureDetector):
     """One member's view and its part in the protocol.
 
     Args:
@@ -204,33 +224,33 @@ class Swim:
     cfg: SwimConfig
     clock: Clock
     rng: random.Random = field(default_factory=random.Random)
-    #: Signs this member's own records (with the key whose hash is its id); None: unsigned.
+    #: Signs this member's own records and accusations (with the key whose hash is its id).
     sign: Callable[[bytes], bytes] | None = None
     public_key: bytes = b""
-    #: Checks a record's signature; records that fail are dropped (None: take all).
+    #: The CA's certificate for this member's key (DER), carried on its own records.
+    certificate: bytes = b""
+    #: Admits a record (its member's signature, and whatever else the node requires); every
+    #: record passes through it, and those that fail are dropped (None: take all).
     verify: Callable[[MemberRecord], bool] | None = None
+    #: Checks an accuser's signature: (its public key, the signed bytes, the signature). When
+    #: set, an accusation must name a member we know and carry its signature; None: accusations
+    #: are taken as they come (tests, the simulator).
+    check_signature: Callable[[bytes, bytes, bytes], bool] | None = None
 
     def __post_init__(self) -> None:
-        self._members: dict[NodeId, _Entry] = {}
-        # Indexes into _members, so that timers cost what the suspects and the departed number,
-        # not what the swarm does (a simulator runs a thousand members in one process).
-        self._suspects: dict[NodeId, None] = {}
-        self._gone: dict[NodeId, None] = {}
-        self._dissemination: dict[NodeId, tuple[MemberRecord, int]] = {}
-        self._changes: list[MemberRecord] = []
-        self._order: list[NodeId] = []
-        self._probe: _Probe | None = None
-        self._relays: dict[int, _Relay] = {}
+        self._init_table()
+        self._init_detector()
+        now = self.clock.now()
         self._seq = 0
-        self._next_probe = self.clock.now()
+        # Staggered, so that members started together do not reconnect and swap in step.
+        self._next_reconnect = now + self.cfg.reconnect_interval_s * self.rng.random()
+        self._next_push_pull = now + self.cfg.push_pull_interval_s * self.rng.random()
+        self._revival_push_pull_at = -math.inf
+        self._refuted_at = -math.inf
         self.leaving = False
         #: Messages and piggybacked records sent, for traffic figures.
         self.sent_messages = 0
-        #: Records dropped because their signature did not hold.
-        self.forged = 0
         self._signed: tuple[MemberRecord, MemberRecord] | None = None
-
-    # -- the view -----------------------------------------------------------------------------
 
     @property
     def me(self) -> MemberRecord:
@@ -240,127 +260,56 @@ class Swim:
             return record
         if self._signed is None or self._signed[0] != record:  # signing is slow: once per change
             signed = replace(
-                record, public_key=self.public_key, signature=self.sign(record.claim())
+                record,
+                public_key=self.public_key,
+                signature=self.sign(record.claim()),
+                certificate=self.certificate,
             )
             self._signed = (record, signed)
         return self._signed[1]
 
-    def record(self, node_id: NodeId) -> MemberRecord | None:
-        if node_id == self.node_id:
-            return self.me
-        entry = self._members.get(node_id)
-        return entry.record if entry else None
-
-    def live_members(self) -> list[MemberRecord]:
-        """Alive and suspect members, this one included, by id."""
-        others = [e.record for e in self._members.values() if e.record.live]
-        return sorted([self.me, *others], key=lambda r: r.node_id)
-
-    def records(self) -> list[MemberRecord]:
-        """Everything this member knows, dead and departed included (for a joiner)."""
-        return sorted(
-            [self.me, *(e.record for e in self._members.values())], key=lambda r: r.node_id
-        )
-
-    def pending_updates(self) -> list[MemberRecord]:
-        """Updates still waiting to be piggybacked (for tests and figures)."""
-        return [record for record, _ in self._dissemination.values()]
-
-    def clear_updates(self) -> None:
-        """Drop every update still waiting to be piggybacked: for a member that starts in a
-        swarm long settled, where everyone knows what they say (a simulator's start)."""
-        self._dissemination.clear()
-
-    def drain_changes(self) -> list[MemberRecord]:
-        """Records whose status or address changed since the last call (the node reacts)."""
-        changes, self._changes = self._changes, []
-        return changes
-
-    # -- updates ------------------------------------------------------------------------------
-
-    def merge(self, records: Iterable[MemberRecord]) -> None:
-        """Apply membership updates, from piggybacking or from a joiner's hello."""
-        for record in records:
-            self._apply(record)
-
-    def _apply(self, record: MemberRecord) -> None:
-        if self.verify is not None and not self.verify(record):
-            self.forged += 1
-            return
-        if record.node_id == self.node_id:
-            self._about_me(record)
-            return
-        now = self.clock.now()
-        entry = self._members.get(record.node_id)
-        if entry is not None and not supersedes(record, entry.record):
-            if supersedes(entry.record, record) and record.node_id not in self._dissemination:
-                # Someone still spreads old news (a suspicion already refuted, say): spread the
-                # newer record again, so the old one dies out instead of outliving the answer.
-                self._gossip(entry.record)
-            return
-        if entry is None and not record.live:
-            return  # news of the death of a stranger: nothing to forget
-        previous = entry.record if entry else None
-        self._set_entry(_Entry(record, now, now if record.status is Status.SUSPECT else None))
-        self._gossip(record)
-        if (
-            previous is None
-            or previous.status != record.status
-            or previous.address != record.address
-        ):
-            self._changes.append(record)
-
-    def _set_entry(self, entry: _Entry) -> None:
-        node_id = entry.record.node_id
-        self._members[node_id] = entry
-        if entry.suspect_since is None:
-            self._suspects.pop(node_id, None)
-        else:
-            self._suspects[node_id] = None
-        if entry.record.live:
-            self._gone.pop(node_id, None)
-        else:
-            self._gone[node_id] = None
-
     def _about_me(self, record: MemberRecord) -> None:
-        if self.leaving:
+        if self.leaving or record.status is Status.ALIVE:
             return
-        if record.status is not Status.ALIVE and record.incarnation >= self.incarnation:
-            # Refute (SWIM §4.2): a newer incarnation of "alive" overrides the suspicion. It
-            # needs no place in the update queue: every message starts with our own record.
-            self.incarnation = record.incarnation + 1
-
-    def _gossip(self, record: MemberRecord) -> None:
-        n = len(self._members) + 1
-        # Re-inserted at the end: among updates sent equally often, the older goes first.
-        self._dissemination.pop(record.node_id, None)
-        self._dissemination[record.node_id] = (record, self.cfg.retransmit_limit(n))
-
-    def _piggyback(self, to: NodeId = "") -> tuple[MemberRecord, ...]:
-        """Our own record, then the least-sent updates; each use counts against its budget.
-
-        A suspect we write to is told of its suspicion first, so that it can refute at once
-        (the "buddy system" of Lifeguard, Dadgar et al. 2018, §4.3).
-        """
-        chosen = sorted(self._dissemination.items(), key=lambda kv: -kv[1][1])
-        out = [self.me]
-        entry = self._members.get(to)
-        if entry is not None and entry.record.status is Status.SUSPECT:
-            out.append(entry.record)
-        for node_id, (record, left) in chosen[: self.cfg.max_piggyback]:
-            out.append(record)
-            if left <= 1:
-                del self._dissemination[node_id]
-            else:
-                self._dissemination[node_id] = (record, left - 1)
-        return tuple(out)
+        if record.incarnation > self.incarnation:
+            # Only this member raises its incarnation: nobody knows one above it.
+            self.refused["about us, from our future"] += 1
+            return
+        if record.incarnation < self.incarnation or not self._admit(record):
+            return
+        # Refute (SWIM §4.2): a newer incarnation of "alive" overrides the suspicion. It
+        # needs no place in the update queue: every message starts with our own record.
+        self.incarnation += 1
+        now = self.clock.now()
+        if now >= self._refuted_at + self.cfg.period_s:
+            # Being suspected hints that we are slow (Lifeguard §4.1); counted once a period,
+            # so that one accuser cannot push our probes to their slowest.
+            self.health.apply(1)
+            self._refuted_at = now
 
     def _message(
         self, kind: Kind, address: str, seq: int, target: NodeId = "", to: NodeId = ""
     ) -> Outgoing:
         self.sent_messages += 1
-        msg = SwimMessage(kind, self.node_id, self.address, seq, target, self._piggyback(to))
-        return Outgoing(address, msg)
+        updates = self._full_state() if kind in FULL_STATE else self._piggyback(to)
+        return Outgoing(
+            address, SwimMessage(kind, self.node_id, self.address, seq, target, updates)
+        )
+
+    def _full_state(self) -> tuple[MemberRecord, ...]:
+        """What a push-pull carries: everything, or where that is over ``max_push_pull``, this
+        member, then a random share of the live members, then of the others (another share
+        each time, so that repeated push-pulls cover the view)."""
+        records = self.records()
+        room = self.cfg.max_push_pull
+        if len(records) <= room:
+            return tuple(records)
+        others = [r for r in records if r.node_id != self.node_id]
+        live = [r for r in others if r.live]
+        gone = [r for r in others if not r.live]
+        self.rng.shuffle(live)
+        self.rng.shuffle(gone)
+        return (self.me, *[*live, *gone][: room - 1])
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -370,131 +319,83 @@ class Swim:
 
     def receive(self, msg: SwimMessage) -> list[Outgoing]:
         """Handle one message; returns the messages it causes."""
-        self.merge(msg.updates)
+        limit = self.cfg.max_push_pull if msg.kind in FULL_STATE else self.cfg.max_piggyback + 2
+        if len(msg.updates) > limit:
+            self.refused["records over a message's limit"] += len(msg.updates) - limit
+        self.merge(msg.updates[:limit], relayer=msg.sender)
         if msg.kind is Kind.PING:
             return [self._message(Kind.ACK, msg.sender_address, msg.seq, self.node_id, msg.sender)]
         if msg.kind is Kind.PING_REQ:
-            target = self.record(msg.target)
-            if target is None or not target.live or target.node_id == self.node_id:
-                return []
-            seq = self._next_seq()
-            self._relays[seq] = _Relay(
-                msg.sender_address, msg.seq, msg.target, self.clock.now() + self.cfg.period_s
-            )
-            return [self._message(Kind.PING, target.address, seq, to=target.node_id)]
-        # An ack: for our own probe, or one we relay for someone else.
-        if self._probe is not None and msg.seq == self._probe.seq:
-            self._probe = None
-            return []
-        relay = self._relays.pop(msg.seq, None)
-        if relay is not None:
-            return [self._message(Kind.ACK, relay.requester_address, relay.seq, relay.target)]
+            return self._on_ping_req(msg)
+        if msg.kind is Kind.PUSH_PULL:
+            return [self._message(Kind.PUSH_PULL_REPLY, msg.sender_address, msg.seq)]
+        if msg.kind is Kind.NACK:
+            self._on_nack(msg)
+        elif msg.kind is Kind.ACK:
+            return self._on_ack(msg)
         return []
 
     def tick(self) -> list[Outgoing]:
-        """Advance timers: probes, indirect probes, suspicion timeouts. Returns what to send."""
+        """Advance timers: probes, indirect probes, nacks, suspicion timeouts, reconnects and
+        push-pulls. Returns what to send."""
         now = self.clock.now()
-        out: list[Outgoing] = []
-        probe = self._probe
-        if (
-            probe is not None
-            and not probe.indirect_sent
-            and now >= probe.started + self.cfg.ping_timeout_s
-        ):
-            probe.indirect_sent = True
-            out += self._ping_reqs(probe)
-        if probe is not None and now >= probe.started + self.cfg.period_s:
-            self._probe = None
-            target = self.record(probe.target)
-            if target is not None and target.status is Status.ALIVE:
-                self._apply(replace(target, status=Status.SUSPECT))
-        if self._probe is None and now >= self._next_probe and not self.leaving:
-            out += self._start_probe(now)
-        self._expire(now)
+        out = self._detector_tick(now)
+        if not self.leaving:
+            out += self._reconnect(now) + self._push_pull(now)
+            if self._revived and now >= self._revival_push_pull_at + self.cfg.period_s:
+                self._revival_push_pull_at = now
+                out.append(self._message(Kind.PUSH_PULL, self._revived[-1], self._next_seq()))
+        self._revived.clear()
+        for node_id in list(self._gone):  # oldest first
+            if now < self._members[node_id].changed_at + self.cfg.forget_after_s:
+                break
+            self._forget(node_id)
         return out
 
-    def _start_probe(self, now: float) -> list[Outgoing]:
-        self._next_probe = now + self.cfg.period_s
-        target = self._next_target()
-        if target is None:
+    def _reconnect(self, now: float) -> list[Outgoing]:
+        """Push-pull with one member we hold dead, now and then: it may be back, or on the far
+        side of a partition that has healed (Serf rejoins failed members the same way). Each
+        member does so with probability dead / live, so that swarm-wide each dead member gets
+        about one attempt per interval, as in Serf.
+
+        A push-pull, not a ping: each side learns what the other holds of it and of everyone
+        it knows, so both sides' members are suspected where they were dead, probed, and
+        refute, instead of waiting to meet one by one."""
+        if now < self._next_reconnect:
             return []
-        self._probe = _Probe(target.node_id, self._next_seq(), now)
-        return [self._message(Kind.PING, target.address, self._probe.seq, to=target.node_id)]
-
-    def _next_target(self) -> MemberRecord | None:
-        """A suspect we have not probed yet, else round robin over a shuffled list, reshuffled
-        each pass (SWIM §4.3).
-
-        Probing a suspect ourselves means its answer, which carries its refutation, reaches us
-        directly instead of depending on gossip that may die out before it gets here.
-        """
-        suspects = [
-            e
-            for e in map(self._members.__getitem__, self._suspects)
-            if e.suspect_since is not None and not e.checked
-        ]
-        if suspects:
-            entry = min(suspects, key=lambda e: e.suspect_since or 0.0)
-            entry.checked = True
-            return entry.record
-        for _ in range(2):
-            while self._order:
-                record = self.record(self._order.pop())
-                if record is not None and record.live and record.node_id != self.node_id:
-                    return record
-            self._order = [e.record.node_id for e in self._members.values() if e.record.live]
-            self.rng.shuffle(self._order)
-        return None
-
-    def _ping_reqs(self, probe: _Probe) -> list[Outgoing]:
-        helpers = [
+        self._next_reconnect = now + self.cfg.reconnect_interval_s
+        dead = [
             e.record
-            for e in self._members.values()
-            if e.record.status is Status.ALIVE and e.record.node_id != probe.target
+            for e in map(self._members.__getitem__, self._gone)
+            if e.record.status is Status.DEAD and not e.expelled
         ]
-        chosen = self.rng.sample(helpers, min(self.cfg.indirect_probes, len(helpers)))
-        return [self._message(Kind.PING_REQ, h.address, probe.seq, probe.target) for h in chosen]
+        live = len(self._members) - len(self._gone)
+        if not dead or self.rng.random() >= len(dead) / max(live, 1):
+            return []
+        target = self.rng.choice(dead)
+        return [self._message(Kind.PUSH_PULL, target.address, self._next_seq())]
 
-    def _expire(self, now: float) -> None:
+    def _push_pull(self, now: float) -> list[Outgoing]:
+        """Swap whole states with a random live member (memberlist's push-pull): it repairs
+        whatever piggybacking missed, and tells each side what the other holds of it."""
+        if now < self._next_push_pull:
+            return []
         n = len(self._members) + 1
-        timeout = self.cfg.suspicion_timeout_s(n)
-        for node_id in list(self._suspects):
-            entry = self._members[node_id]
-            if entry.suspect_since is not None and now >= entry.suspect_since + timeout:
-                self._apply(replace(entry.record, status=Status.DEAD))
-        for node_id in list(self._gone):
-            entry = self._members[node_id]
-            if now >= entry.changed_at + self.cfg.forget_after_s:
-                del self._members[node_id]
-                del self._gone[node_id]
-                self._dissemination.pop(node_id, None)
-        for seq, relay in list(self._relays.items()):
-            if now >= relay.expires:
-                del self._relays[seq]
+        self._next_push_pull = now + self.cfg.push_pull_period_s(n)
+        alive = [e.record for e in self._members.values() if e.record.status is Status.ALIVE]
+        if not alive:
+            return []
+        partner = self.rng.choice(alive)
+        return [self._message(Kind.PUSH_PULL, partner.address, self._next_seq())]
 
     def next_deadline(self) -> float:
         """The next time :meth:`tick` has something to do."""
-        times = [math.inf if self.leaving else self._next_probe]
-        if self._probe is not None:
-            if not self._probe.indirect_sent:
-                times.append(self._probe.started + self.cfg.ping_timeout_s)
-            times.append(self._probe.started + self.cfg.period_s)
-        n = len(self._members) + 1
-        times += [
-            e.suspect_since + self.cfg.suspicion_timeout_s(n)
-            for e in map(self._members.__getitem__, self._suspects)
-            if e.suspect_since is not None
-        ]
+        times = [math.inf, *self._detector_deadlines()]
+        if not self.leaving:
+            times += [self._next_reconnect, self._next_push_pull]
+            if self._revived:
+                times.append(self._revival_push_pull_at + self.cfg.period_s)
         return min(times)
-
-    def expel(self, node_id: NodeId) -> None:
-        """Declare ``node_id`` dead for good here (it was revoked): its record goes, and with
-        a ``verify`` that refuses it, it cannot come back."""
-        entry = self._members.get(node_id)
-        if entry is not None and entry.record.live:
-            record = replace(entry.record, status=Status.DEAD)
-            self._set_entry(_Entry(record, self.clock.now()))
-            self._changes.append(record)
 
     def ping(self, address: str) -> Outgoing:
         """A ping outside the probe schedule (to check an address someone gave); its ack is

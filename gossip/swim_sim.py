@@ -8,14 +8,30 @@ detection and the absence of flapping; the benchmark uses it to measure both.
 
 from __future__ import annotations
 
+import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from gossip.clock import ManualClock
 from gossip.events import EventQueue, Network
 from gossip.swim import MemberRecord, Outgoing, Status, Swim, SwimConfig, SwimMessage
 
-__all__ = ["SwimSimulation"]
+__all__ = ["SwimSimulation", "fake_signer", "fake_verify"]
+
+
+def fake_signer(node_id: str) -> Callable[[bytes], bytes]:
+    """Stands in for a member's key (the node uses ECDSA: node/signing.py): only the member
+    with this id makes this signature, and anyone can check it."""
+    return lambda data: hashlib.sha256(node_id.encode() + data).digest()
+
+
+def fake_verify(record: MemberRecord) -> bool:
+    return record.signature == fake_signer(record.node_id)(record.claim())
+
+
+def fake_check_signature(public_key: bytes, data: bytes, signature: bytes) -> bool:
+    """The accuser's check: in the fake scheme a member's public key is its id."""
+    return signature == fake_signer(public_key.decode())(data)
 
 
 class SwimSimulation:
@@ -26,6 +42,8 @@ class SwimSimulation:
         latency_s: (min, max) of the uniform one-way delay, drawn for every message.
         on_message: sees every message sent (for counting traffic).
         drop: loses the messages it returns True for (a broken link, say), besides ``loss``.
+        signed: members sign their records and accusations and check others' (with
+            :func:`fake_signer`), as nodes do with their keys.
     """
 
     def __init__(
@@ -37,6 +55,7 @@ class SwimSimulation:
         seed: int = 0,
         on_message: Callable[[Outgoing], None] | None = None,
         drop: Callable[[Outgoing], bool] | None = None,
+        signed: bool = False,
     ) -> None:
         self.cfg = cfg
         self.loss = loss
@@ -49,6 +68,7 @@ class SwimSimulation:
         )
         self.on_message = on_message
         self.drop = drop
+        self.signed = signed
         self.members: dict[str, Swim] = {}
         self.down: set[str] = set()
         for i in range(n):
@@ -63,6 +83,9 @@ class SwimSimulation:
         member = Swim(
             node_id, address, incarnation, self.cfg, self.clock, random.Random(self.rng.random())
         )
+        if self.signed:
+            member.sign, member.public_key = fake_signer(node_id), node_id.encode()
+            member.verify, member.check_signature = fake_verify, fake_check_signature
         self.members[address] = member
         self.down.discard(address)
         self.events.cancel_timer(address)  # a restarted member's old timer is not its own
@@ -77,6 +100,17 @@ class SwimSimulation:
         """The member stops: it neither sends nor receives from now on."""
         self.down.add(address)
         self.events.cancel_timer(address)
+
+    def split(self, groups: Iterable[Iterable[str]], start_s: float, duration_s: float) -> None:
+        """Partition the network into ``groups`` of addresses from ``start_s`` for
+        ``duration_s`` seconds (an address in no group is cut off from everyone)."""
+        group_of = {a: i for i, group in enumerate(groups) for a in group}
+        self.network.split(lambda a: group_of.get(a, a), start_s, duration_s)
+
+    def inject(self, address: str, message: SwimMessage) -> None:
+        """Put ``message`` on the network to ``address``, from its sender's address, as if the
+        sender had sent it (what an insider makes up, in tests)."""
+        self.network.send(message.sender_address, address, 0, self._delivery(address, message))
 
     def send(self, outgoing: list[Outgoing]) -> None:
         for out in outgoing:

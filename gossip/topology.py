@@ -98,36 +98,111 @@ def exponential(ids: Iterable[NodeId]) -> Graph:
 def random_regular(ids: Iterable[NodeId], k: int, seed: int = 0) -> Graph:
     """A connected random k-regular graph, the same for the same ids, k and seed.
 
-    Pairs the k "stubs" of every node at random and rejects pairings with loops, repeated edges
-    or more than one component (the configuration model). Python's ``random.Random`` with an int
-    seed is stable across versions and platforms, so every node derives the same graph.
+    Drawn by the pairing algorithm of Steger and Wormald ("Generating random regular graphs
+    quickly", 1999): stubs are paired at random, a pair that would make a loop or a repeated edge
+    is put back and re-paired with the other leftovers, and only a draw that gets stuck starts
+    over. The plain configuration model (reject the whole pairing on the first bad pair) succeeds
+    with probability about exp(-(k^2 - 1) / 4), so it all but never draws k >= 7. A dense graph
+    (k > (n - 1) / 2) is the complement of a sparse one, which is then connected by itself. After a
+    few unlucky draws (disconnected ones, which are rare for k >= 3) a circulant graph is used,
+    so the call always ends quickly.
+
+    The graph is written here rather than taken from a library because every node must derive
+    the very same graph: Python's ``random.Random`` with an int seed is stable across versions and
+    platforms, and so is this code; a library's algorithm may change between releases.
+
+    Raises:
+        ValueError: no connected k-regular graph on these ids exists.
     """
     order = _ring_order(ids)
     n = len(order)
     if k >= n or k < 0 or (n * k) % 2:
         raise ValueError(f"no {k}-regular graph on {n} nodes (need 0 <= k < n and n*k even)")
+    if k < min(2, n - 1):
+        raise ValueError(f"no connected {k}-regular graph on {n} nodes (need k >= 2)")
     rng = random.Random(seed)
-    for _ in range(10_000):
-        stubs = [i for i in range(n) for _ in range(k)]
+    edges: set[tuple[int, int]] | None = None
+    for _ in range(_DRAWS):
+        if k == 2:
+            edges = _hamiltonian_cycle(n, rng)
+        elif 2 * k > n - 1:
+            sparse = _pairing(n, n - 1 - k, rng)
+            edges = None if sparse is None else _complement(n, sparse)
+        else:
+            edges = _pairing(n, k, rng)
+        if edges is not None and _connected(n, edges):
+            break
+        edges = None
+    if edges is None:
+        return _circulant(order, k)
+    adj: dict[NodeId, set[NodeId]] = {i: set() for i in order}
+    for a, b in edges:
+        adj[order[a]].add(order[b])
+        adj[order[b]].add(order[a])
+    return Graph(order, {i: frozenset(js) for i, js in adj.items()})
+
+
+#: Draws before falling back to a circulant graph; each succeeds with a probability near 1.
+_DRAWS = 20
+
+
+def _pairing(n: int, k: int, rng: random.Random) -> set[tuple[int, int]] | None:
+    """One Steger–Wormald draw of a k-regular simple graph on 0..n-1; None when it got stuck."""
+    edges: set[tuple[int, int]] = set()
+    stubs = [i for i in range(n) for _ in range(k)]
+    while stubs:
         rng.shuffle(stubs)
-        edges = set()
-        ok = True
+        left: dict[int, int] = {}
         for a, b in zip(stubs[::2], stubs[1::2], strict=True):
             edge = (min(a, b), max(a, b))
-            if a == b or edge in edges:
-                ok = False
-                break
-            edges.add(edge)
-        if not ok:
-            continue
-        adj: dict[NodeId, set[NodeId]] = {i: set() for i in order}
-        for a, b in edges:
-            adj[order[a]].add(order[b])
-            adj[order[b]].add(order[a])
-        graph = Graph(order, {i: frozenset(js) for i, js in adj.items()})
-        if graph.is_connected():
-            return graph
-    raise RuntimeError(f"could not draw a connected {k}-regular graph on {n} nodes")
+            if a != b and edge not in edges:
+                edges.add(edge)
+            else:
+                left[a] = left.get(a, 0) + 1
+                left[b] = left.get(b, 0) + 1
+        if left and not _can_pair(left, edges):
+            return None
+        stubs = [i for i, count in left.items() for _ in range(count)]
+    return edges
+
+
+def _can_pair(left: dict[int, int], edges: set[tuple[int, int]]) -> bool:
+    """Whether two of the nodes with stubs left can still be joined by a new edge."""
+    nodes = sorted(left)
+    return any((a, b) not in edges for i, a in enumerate(nodes) for b in nodes[i + 1 :])
+
+
+def _hamiltonian_cycle(n: int, rng: random.Random) -> set[tuple[int, int]]:
+    """A random cycle through every node: the connected 2-regular graphs are exactly these."""
+    perm = list(range(n))
+    rng.shuffle(perm)
+    return {(min(a, b), max(a, b)) for a, b in zip(perm, perm[1:] + perm[:1], strict=True)}
+
+
+def _complement(n: int, edges: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    return {(a, b) for a in range(n) for b in range(a + 1, n) if (a, b) not in edges}
+
+
+def _connected(n: int, edges: set[tuple[int, int]]) -> bool:
+    adj: list[list[int]] = [[] for _ in range(n)]
+    for a, b in edges:
+        adj[a].append(b)
+        adj[b].append(a)
+    seen, frontier = {0}, [0]
+    while frontier:
+        for j in adj[frontier.pop()]:
+            if j not in seen:
+                seen.add(j)
+                frontier.append(j)
+    return len(seen) == n
+
+
+def _circulant(order: tuple[NodeId, ...], k: int) -> Graph:
+    """Node i linked to i ± 1 .. i ± k/2 (and, for odd k, the opposite node): connected,
+    k-regular, and no draw at all."""
+    n = len(order)
+    offsets = list(range(1, k // 2 + 1)) + ([n // 2] if k % 2 else [])
+    return _from_offsets(order, offsets)
 
 
 TOPOLOGIES = ("ring", "exponential", "random-regular")
@@ -137,7 +212,9 @@ def build(kind: str, ids: Iterable[NodeId], *, degree: int = 4, seed: int = 0) -
     """The graph named ``kind`` (one of :data:`TOPOLOGIES`) over ``ids``.
 
     For ``random-regular``, ``degree`` is lowered to the largest valid value when the swarm is
-    too small (n - 1, or one less when n * degree would be odd).
+    too small (n - 1, or one less when n * degree would be odd), and raised to 2 (a ring, drawn at
+    random) when it is lower, since no connected graph of degree 0 or 1 on more than two nodes
+    exists.
     """
     return _build(kind, _ring_order(ids), degree, seed)
 
@@ -151,9 +228,12 @@ def _build(kind: str, order: tuple[NodeId, ...], degree: int, seed: int) -> Grap
     if kind == "exponential":
         return exponential(order)
     if kind == "random-regular":
-        k = min(degree, len(order) - 1)
-        if (len(order) * k) % 2:
+        n = len(order)
+        k = min(degree, n - 1)
+        if (n * k) % 2:
             k -= 1
+        if n > 2:
+            k = max(k, 2)
         return random_regular(order, k, seed)
     raise ValueError(f"unknown topology {kind!r}; known: {', '.join(TOPOLOGIES)}")
 

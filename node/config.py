@@ -1,24 +1,50 @@
-"""Configuration of a node: one frozen dataclass per component, parsed once at the entry point."""
+"""Configuration of a node: one frozen dataclass per component, parsed once at the entry point.
+
+Users' settings (file, environment, flags) are checked by the schema in :mod:`node.settings`
+first; the checks here guard the dataclasses that code builds directly."""
 
 from __future__ import annotations
 
-import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gossip.codecs import CODECS
+from gossip.codecs import CODECS, DEFAULT_FRACTION
 from gossip.robust import ATTACKS  # test-only attacks (GossipConfig.attack)
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
 from node.mqtt_messages import MqttConfig
+from node.settings import FLAG_KEYS, RunSettings
+from node.settings_sources import load_settings
 from node.trainer import TrainerConfig
 
-__all__ = ["ATTACKS", "DEFAULT_GAMMA", "GossipConfig", "NodeConfig", "load_config_file"]
+__all__ = [
+    "ATTACKS",
+    "DEFAULT_GAMMA",
+    "SPARSE_GAMMA_PER_SHARE",
+    "GossipConfig",
+    "NodeConfig",
+    "gossip_config",
+    "node_config",
+]
 
+_FLAG_OF = {key.removeprefix("gossip."): flag for flag, key in FLAG_KEYS.items()}
+
+#: The sparse codecs' γ as a multiple of the share k / B of each block they send: the best γ
+#: grows in proportion to it, and random-k's, whose error waits B / k rounds on average to be
+#: sent, is a quarter of top-k's (bench/codec_gamma.py, bench/RESULTS.md).
+SPARSE_GAMMA_PER_SHARE = {"topk": 1.5, "randk": 0.375, "dct-topk": 1.5}
 
 #: Consensus step size by codec: harsher compression needs a smaller γ (Koloskova et al. 2019).
-DEFAULT_GAMMA = {"fp32": 1.0, "fp16": 1.0, "int8": 0.8, "int4": 0.5, "sign": 0.1}
+#: The sparse codecs' entries are for the default fraction and block size (1.17% sent).
+DEFAULT_GAMMA = {
+    "fp32": 1.0,
+    "fp16": 1.0,
+    "int8": 0.8,
+    "int4": 0.5,
+    "sign": 0.1,
+    **{name: m * round(DEFAULT_FRACTION * 256) / 256 for name, m in SPARSE_GAMMA_PER_SHARE.items()},
+}
 
 
 @dataclass(frozen=True)
@@ -26,9 +52,11 @@ class GossipConfig:
     """Args:
     topology: ring, exponential or random-regular, over the ring of known node ids.
     degree: neighbours per node for random-regular.
-    codec: fp32 (alias none), fp16, int8, int4 or sign.
-    block_size: values per quantization scale.
-    gamma: consensus step size; None picks :data:`DEFAULT_GAMMA` for the codec.
+    codec: fp32 (alias none), fp16, int8, int4, sign, topk, randk or dct-topk.
+    block_size: values per quantization scale (per top-k selection, for the sparse codecs).
+    compress_fraction: share of each block the sparse codecs send (topk, randk, dct-topk).
+    gamma: consensus step size; None picks :data:`DEFAULT_GAMMA` for the codec (for a sparse
+        codec, :data:`SPARSE_GAMMA_PER_SHARE` times the share of each block it sends).
     local_steps: local training steps between gossip rounds (H).
     idle_round_interval_s: how often to gossip once local training is over.
     link_queue: deltas queued per neighbour; past that the link resyncs with a snapshot.
@@ -50,6 +78,7 @@ class GossipConfig:
     degree: int = 4
     codec: str = "int8"
     block_size: int = 256
+    compress_fraction: float = DEFAULT_FRACTION  # CHOCO-SGD's top-1%; an index fits a byte
     gamma: float | None = None
     local_steps: int = 1
     idle_round_interval_s: float = 0.1
@@ -80,6 +109,7 @@ class GossipConfig:
             raise ValueError("local_steps must be at least 1")
         if self.block_size <= 0 or self.block_size % 8:
             raise ValueError("block_size must be a positive multiple of 8")
+        CODECS[codec].make(self.block_size, self.compress_fraction)  # raises on settings it refuses
         if not 0 <= self.byzantine_fraction < 1:
             raise ValueError("byzantine_fraction must be in [0, 1)")
         if self.attack is not None and self.attack not in ATTACKS:
@@ -87,7 +117,13 @@ class GossipConfig:
 
     @property
     def step_size(self) -> float:
-        return self.gamma if self.gamma is not None else DEFAULT_GAMMA[self.codec]
+        """γ: as given, or the codec's default (for a sparse codec, in proportion to its share)."""
+        if self.gamma is not None:
+            return self.gamma
+        if self.codec in SPARSE_GAMMA_PER_SHARE:
+            k = round(self.compress_fraction * self.block_size)
+            return min(1.0, SPARSE_GAMMA_PER_SHARE[self.codec] * k / self.block_size)
+        return DEFAULT_GAMMA[self.codec]
 
 
 @dataclass(frozen=True)
@@ -112,11 +148,16 @@ class NodeConfig:
         tls_dir: where node_key.pem, node_cert.pem and ca_cert.pem are (``murmur ca issue``
             makes them); defaults to the state dir.
         metrics_port: serve Prometheus metrics on this port (0 picks one; None: no metrics).
-        metrics_host: the address the metrics server binds.
+        metrics_host: the address the metrics server binds; None: the listen host, or loopback
+            when that is a wildcard (the metrics name the node and its address).
+        metrics_tls: serve the metrics over HTTPS and only to clients with a certificate from
+            the swarm's CA (the node's own TLS files).
         mqtt: an MQTT broker URL to publish status to (``node/mqtt.py``); None for none.
         mqtt_discovery: also announce this node's address there and join the members announced.
         mqtt_prefix, swarm: the topics are ``{mqtt_prefix}/{swarm}/{node_id}/...``.
         mqtt_interval_s: seconds between two status messages.
+        summary_interval_s: seconds between two summary lines in the log (step, rates, mix,
+            last evaluation); 0 turns them off.
         membership: the SWIM protocol's settings (``[membership]`` in a config file).
     """
 
@@ -137,12 +178,15 @@ class NodeConfig:
     insecure: bool = False
     tls_dir: Path | None = None
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str | None = None
+    metrics_tls: bool = False
     mqtt: str | None = None
     mqtt_discovery: bool = False
     mqtt_prefix: str = "murmur"
     mqtt_interval_s: float = 2.0
     swarm: str = "default"
+    # Often enough to follow a run by eye; 360 lines an hour per node.
+    summary_interval_s: float = 10.0
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     gossip: GossipConfig = field(default_factory=GossipConfig)
     membership: SwimConfig = field(default_factory=SwimConfig)
@@ -152,8 +196,12 @@ class NodeConfig:
             raise ValueError(f"shard {self.shard_index}/{self.shard_count} is out of range")
         if self.checkpoint_interval_s <= 0:
             raise ValueError("checkpoint_interval_s must be positive")
+        if self.summary_interval_s < 0:
+            raise ValueError("summary_interval_s must not be negative (0 turns summaries off)")
         for address in (self.listen, *self.join, *filter(None, [self.advertise])):
             _check_address(address)
+        if self.metrics_tls and self.insecure:
+            raise ValueError("--metrics-tls needs the node's TLS files, so not --insecure")
         if self.mqtt_discovery and self.mqtt is None:
             raise ValueError("MQTT discovery needs a broker: give --mqtt URL")
         self.mqtt_config()  # raises on a bad URL, prefix or swarm name
@@ -177,34 +225,27 @@ def _check_address(address: str) -> None:
         raise ValueError(f"address {address!r} is not host:port")
 
 
-_SECTIONS: dict[str, type] = {
-    "trainer": TrainerConfig,
-    "gossip": GossipConfig,
-    "membership": SwimConfig,
-}
+def node_config(settings: RunSettings) -> NodeConfig:
+    """The frozen configs of a node from its validated settings (:mod:`node.settings`)."""
+    values = settings.model_dump()
+    sections = {name: values.pop(name) for name in ("trainer", "gossip", "membership")}
+    return NodeConfig(
+        **values,
+        trainer=TrainerConfig(**sections["trainer"]),
+        gossip=GossipConfig(**sections["gossip"]),
+        membership=SwimConfig(**sections["membership"]),
+    )
 
 
-def load_config_file(path: Path) -> dict[str, Any]:
-    """Read a TOML config into flat keyword arguments for :class:`NodeConfig` and its sections.
+def gossip_config(given: dict[str, Any]) -> GossipConfig:
+    """A :class:`GossipConfig` from gossip flags (strings, by field name), checked by the
+    schema that ``murmur run`` uses (for ``murmur swarm`` and ``murmur simulate``).
 
-    Top-level keys are NodeConfig fields; ``[trainer]``, ``[gossip]`` and ``[membership]``
-    tables hold those components' fields. Unknown keys are an error, so typos do not pass silently.
+    Raises:
+        SettingsError: a value was refused.
     """
-    with path.open("rb") as f:
-        raw = tomllib.load(f)
-    out: dict[str, Any] = {}
-    node_fields = {f.name for f in fields(NodeConfig)} - set(_SECTIONS)
-    for key, value in raw.items():
-        if key in _SECTIONS:
-            if not isinstance(value, dict):
-                raise ValueError(f"{path}: [{key}] must be a table")
-            known = {f.name for f in fields(_SECTIONS[key])}
-            for sub, sub_value in value.items():
-                if sub not in known:
-                    raise ValueError(f"{path}: unknown key {key}.{sub}")
-                out[f"{key}.{sub}"] = sub_value
-        elif key in node_fields:
-            out[key] = value
-        else:
-            raise ValueError(f"{path}: unknown key {key!r}")
-    return out
+    labels = {k: "--" + _FLAG_OF.get(k, k.replace("_", "-")) for k in given}
+    settings = load_settings(
+        environ={}, flags={f"gossip.{k}": v for k, v in given.items()}, flag_labels=labels
+    )
+    return GossipConfig(**settings.gossip.model_dump())

@@ -7,6 +7,7 @@ models as they were saved, not as some process remembers them.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -16,7 +17,7 @@ import torch
 
 from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from node.node import METRICS_FILE, SUMMARY_FILE
-from node.tasks.base import Shard, Task, evaluate, load_task
+from node.tasks.base import Shard, Task, evaluate_task, load_task
 from node.telemetry import read_metrics
 from node.trainer import Trainer, TrainerConfig
 
@@ -43,6 +44,7 @@ class NodeResult:
     trained_accuracy: float
     bytes_sent: int
     bytes_sent_fp32: int
+    trained_loss: float = math.nan
 
     @property
     def compression_ratio(self) -> float:
@@ -58,17 +60,24 @@ class RunReport:
     consensus_distance: float
     reference_accuracy: float | None = None
     reference_steps: int | None = None
+    #: What the task is judged by (node/tasks/base.py Metric) and its target, if any.
+    metric: str = "accuracy"
+    target: float | None = None
+    reference_loss: float | None = None
 
     def to_json(self) -> str:
         data = asdict(self)
         for node, result in zip(data["nodes"], self.nodes, strict=True):
             node["compression_ratio"] = result.compression_ratio
-        return json.dumps(data, indent=2)
+        # Strict JSON: a NaN (an accuracy a loss-judged task has not) is null.
+        return json.dumps(_nulls(data), indent=2, allow_nan=False)
 
     def to_markdown(self) -> str:
+        if self.metric != "accuracy":
+            return self._loss_markdown()
         lines = [
-            "| node | shard | steps | rounds | accuracy after training | final accuracy | "
-            "final loss | sent | vs fp32 |",
+            "| node | shard | steps | rounds | eval accuracy after training | "
+            "final eval accuracy | final eval loss | sent | vs fp32 |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in self.nodes:
@@ -91,6 +100,73 @@ class RunReport:
                 f"steps): accuracy {self.reference_accuracy:.4f}"
             )
         return "\n".join(lines)
+
+    def _loss_markdown(self) -> str:
+        ppl = self.metric == "perplexity"
+        lines = [
+            "| node | shard | steps | rounds | eval loss after training | final eval loss | "
+            + ("final perplexity | " if ppl else "")
+            + "sent | vs fp32 |",
+            "|---|---:|---:|---:|---:|---:|" + ("---:|" if ppl else "") + "---:|---:|",
+        ]
+        for r in self.nodes:
+            cells = [
+                r.node_id[:8],
+                str(r.shard),
+                str(r.steps),
+                str(r.rounds),
+                f"{r.trained_loss:.4f}",
+                f"{r.loss:.4f}",
+                *([f"{_exp(r.loss):.3f}"] if ppl else []),
+                f"{r.bytes_sent / 2**20:.2f} MiB",
+                f"{100 * r.compression_ratio:.1f}%",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        avg = f"eval loss {self.averaged_loss:.4f}"
+        if ppl:
+            avg += f", perplexity {_exp(self.averaged_loss):.3f}"
+        worst = max(r.loss for r in self.nodes)
+        lines += [
+            "",
+            f"- averaged model: {avg}",
+            f"- consensus distance (mean squared distance from the average): "
+            f"{self.consensus_distance:.3e}",
+            f"- worst node eval loss: {worst:.4f}",
+        ]
+        if self.target is not None:
+            hit = sum(r.loss <= self.target for r in self.nodes)
+            lines.append(
+                f"- target eval loss {self.target:g}: averaged model "
+                f"{'reached' if self.averaged_loss <= self.target else 'not reached'}; "
+                f"{hit} of {len(self.nodes)} nodes' final models reached it"
+            )
+        if self.reference_loss is not None:
+            ref = f"eval loss {self.reference_loss:.4f}"
+            if ppl:
+                ref += f", perplexity {_exp(self.reference_loss):.3f}"
+            lines.append(
+                f"- one process on all the data, same number of samples ({self.reference_steps} "
+                f"steps): {ref}"
+            )
+        return "\n".join(lines)
+
+
+def _exp(loss: float) -> float:
+    return math.exp(min(loss, 700.0))
+
+
+def _nulls(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nulls(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nulls(v) for v in value]
+    return value
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else math.nan
 
 
 def _build_task(task_spec: str, seed: int, shard: Shard) -> Task:
@@ -141,9 +217,11 @@ def evaluate_run(
         ckpt = load_checkpoint(state_dir / CHECKPOINT_FILE)
         state, meta = dict(ckpt.model), ckpt.meta
         summary = json.loads((state_dir / SUMMARY_FILE).read_text())
-        evals = [r for r in read_metrics(state_dir / METRICS_FILE) if r["event"] == "eval"]
+        # The evaluations of training, not those a finished node goes on making as it gossips.
+        records = read_metrics(state_dir / METRICS_FILE)
+        evals = [r for r in records if r["event"] == "eval" and not r.get("after_budget")]
         model.load_state_dict(state)
-        loss, acc = evaluate(model, task.eval, task.loss, device)
+        loss, acc = evaluate_task(task, device)
         states.append(state)
         results.append(
             NodeResult(
@@ -153,31 +231,39 @@ def evaluate_run(
                 rounds=int(summary["rounds"]),
                 loss=loss,
                 accuracy=acc,
-                trained_accuracy=float(evals[-1]["accuracy"]) if evals else float("nan"),
+                trained_accuracy=_number(evals[-1]["accuracy"]) if evals else math.nan,
                 bytes_sent=int(summary["bytes_sent"]),
                 bytes_sent_fp32=int(summary["bytes_sent_fp32"]),
+                trained_loss=_number(evals[-1]["loss"]) if evals else math.nan,
             )
         )
     names = [name for name, _ in model.named_parameters()]
     distance = float(distances_to_average(states, names).mean())
     model.load_state_dict(average_states(states))
-    avg_loss, avg_acc = evaluate(model, task.eval, task.loss, device)
-    return RunReport(tuple(results), avg_loss, avg_acc, distance)
+    avg_loss, avg_acc = evaluate_task(task, device)
+    return RunReport(
+        tuple(results), avg_loss, avg_acc, distance, metric=task.metric, target=task.target
+    )
 
 
 def train_reference(
     task_spec: str, seed: int, steps: int, device: torch.device | str = "cpu"
-) -> float:
-    """Accuracy of one process trained on all the data for ``steps`` steps (the reference)."""
+) -> tuple[float, float]:
+    """(eval loss, accuracy) of one process trained on all the data for ``steps`` steps (the
+    reference; accuracy NaN for a task judged by its loss)."""
     device = torch.device(device)
     task = _build_task(task_spec, seed, Shard())
     task.model.to(device)
     trainer = Trainer(
-        task, device, threading.Lock(), TrainerConfig(steps=steps, eval_every=steps, seed=seed)
+        task,
+        device,
+        threading.Lock(),
+        # Alone, nothing moves its model after the budget: no evaluations after it.
+        TrainerConfig(steps=steps, eval_every=steps, seed=seed, idle_eval_interval_s=None),
     )
     trainer.start()
     trainer.join()
     if trainer.error is not None:
         raise trainer.error
     assert trainer.last_eval is not None
-    return trainer.last_eval.accuracy
+    return trainer.last_eval.loss, trainer.last_eval.accuracy

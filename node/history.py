@@ -7,6 +7,7 @@ steps do not, since a restarted node resumes from its checkpoint.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -16,7 +17,14 @@ from typing import Any
 from node.node import METRICS_FILE
 from node.telemetry import read_metrics
 
-__all__ = ["EvalPoint", "NodeHistory", "Session", "parse_history", "read_history"]
+__all__ = [
+    "EvalPoint",
+    "NodeHistory",
+    "Session",
+    "parse_history",
+    "read_history",
+    "record_problem",
+]
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,11 @@ class NodeHistory:
     state_dir: Path
     node_id: str
     sessions: tuple[Session, ...]
+    #: What the task is judged by (``accuracy``, ``loss`` or ``perplexity``), as its ``start``
+    #: records say; logs from before tasks declared it are of accuracy tasks.
+    metric: str = "accuracy"
+    #: The task's target for that metric; None when it declares none.
+    target: float | None = None
 
     @property
     def evals(self) -> list[EvalPoint]:
@@ -89,19 +102,53 @@ class NodeHistory:
         return self.sessions[-1].ended
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    # A non-finite number is logged as null.
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def record_problem(record: Mapping[str, Any]) -> str:
+    """What keeps ``record`` out of a history ("" when nothing does)."""
+    event = record["event"]
+    if event == "eval" and not _is_count(record.get("step")):
+        return "an eval record without a step"
+    if event == "eval" and not all(
+        k in record and _is_number(record[k]) for k in ("loss", "accuracy")
+    ):
+        return "an eval record without a loss and an accuracy"
+    if event in ("checkpoint", "stop") and "step" in record and not _is_count(record["step"]):
+        return f"a {event} record whose step is not a count"
+    for key in ("rounds", "bytes_sent", "bytes_sent_fp32"):
+        if key in record and not _is_count(record[key]):
+            return f"its {key} is not a count"
+    if "distance_rms" in record and not _is_number(record["distance_rms"]):
+        return "its distance_rms is not a number"
+    if "node_id" in record and not isinstance(record["node_id"], str):
+        return "its node_id is not a string"
+    return ""
+
+
+def _float(value: Any, default: float = math.nan) -> float:
+    return default if value is None else float(value)
+
+
 def _session(records: Sequence[Mapping[str, Any]]) -> Session:
     evals = tuple(
         EvalPoint(
             time=float(r["time"]),
             step=int(r["step"]),
-            loss=float(r["loss"]),
-            accuracy=float(r["accuracy"]),
-            distance_rms=float(r.get("distance_rms", -1.0)),
+            loss=_float(r["loss"]),
+            accuracy=_float(r["accuracy"]),
+            distance_rms=_float(r.get("distance_rms"), -1.0),
         )
         for r in records
         if r["event"] == "eval"
     )
-    with_step = [r for r in records if r["event"] in ("eval", "checkpoint", "stop")]
+    with_step = [r for r in records if r["event"] in ("eval", "checkpoint", "stop") and "step" in r]
     # The stop record holds the session's final counters; without one (a crash), the last
     # evaluation holds the latest the log knows.
     counted = [r for r in records if r["event"] in ("eval", "stop")]
@@ -120,7 +167,7 @@ def _session(records: Sequence[Mapping[str, Any]]) -> Session:
 
 
 def parse_history(state_dir: Path, records: list[dict[str, Any]]) -> NodeHistory:
-    """Cut a metrics log's records into sessions.
+    """Cut a metrics log's records (each passing :func:`record_problem`) into sessions.
 
     Raises:
         ValueError: there are no records.
@@ -131,14 +178,23 @@ def parse_history(state_dir: Path, records: list[dict[str, Any]]) -> NodeHistory
     bounds = [0, *cuts, len(records)]
     sessions = tuple(_session(records[a:b]) for a, b in pairwise(bounds))
     ids = [r["node_id"] for r in records if r["event"] in ("start", "stop") and "node_id" in r]
-    return NodeHistory(state_dir, ids[0] if ids else state_dir.name, sessions)
+    starts = [r for r in records if r["event"] == "start" and isinstance(r.get("metric"), str)]
+    metric = starts[-1]["metric"] if starts else "accuracy"
+    target = starts[-1].get("target") if starts else None
+    return NodeHistory(
+        state_dir,
+        ids[0] if ids else state_dir.name,
+        sessions,
+        metric,
+        float(target) if _is_number(target) and target is not None else None,
+    )
 
 
 def read_history(state_dir: Path) -> NodeHistory:
-    """Read the metrics log in ``state_dir``.
+    """Read the metrics log in ``state_dir``; a bad line is skipped with a warning.
 
     Raises:
         FileNotFoundError: there is no metrics log.
         ValueError: it holds no records.
     """
-    return parse_history(state_dir, read_metrics(state_dir / METRICS_FILE))
+    return parse_history(state_dir, read_metrics(state_dir / METRICS_FILE, record_problem))

@@ -9,7 +9,9 @@ for Ed25519 certificates.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 __all__ = [
     "KEY_FILE",
     "Identity",
+    "check_private",
     "load_key",
     "load_or_create_identity",
     "node_id_of",
@@ -26,6 +29,8 @@ __all__ = [
 ]
 
 KEY_FILE = "node_key.pem"
+
+log = logging.getLogger(__name__)
 
 
 def node_id_of(public_key: ec.EllipticCurvePublicKey) -> str:
@@ -66,8 +71,39 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     os.replace(tmp, path)
 
 
+def check_private(path: Path) -> None:
+    """Refuse a key file that every user of the machine may read or write; warn, loudly, about
+    one its group may.
+
+    Like ssh, which ignores a private key others can read: anyone who reads the key can act as
+    this node (or, for the CA's, admit nodes) until it is revoked. Unlike ssh, a key its group
+    may read is only warned about: container runtimes and Kubernetes (``fsGroup``) grant a
+    service's group read access on purpose, and refusing would break those deployments.
+
+    Raises:
+        ValueError: the file is accessible to every user (the message says how to fix it).
+    """
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o007:
+        raise ValueError(
+            f"{path} is accessible to every user of this machine (mode {mode:04o}): anyone "
+            f"could read the key and act as its owner; `chmod 600 {path}`, and if others may "
+            "have copied it, issue a new key and revoke the old id"
+        )
+    if mode & 0o070:
+        log.warning(
+            "UNPROTECTED PRIVATE KEY: %s is accessible to its group (mode %04o); everyone in the "
+            "group can act as its owner. `chmod 600 %s` unless the group is this service's own",
+            path,
+            mode,
+            path,
+        )
+
+
 def load_key(path: Path) -> ec.EllipticCurvePrivateKey:
-    """The P-256 key in ``path``; a key of another kind is refused with what to do about it."""
+    """The P-256 key in ``path``; a key of another kind, or one every user may read, is refused
+    with what to do about it (see :func:`check_private`)."""
+    check_private(path)
     key = serialization.load_pem_private_key(path.read_bytes(), password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey) or not isinstance(key.curve, ec.SECP256R1):
         raise ValueError(

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 
 from gossip.clock import Clock
-from gossip.swim import MemberRecord, Outgoing, Swim, SwimMessage
+from gossip.swim import Kind, MemberRecord, Outgoing, Swim, SwimMessage
 from node.aio import cancel_and_wait
 from node.transport.base import Rejected, Transport, Unreachable
 
@@ -86,9 +86,10 @@ class Membership:
         extra = self._attach()
         return replace(out.message, revocations=extra) if extra else out.message
 
-    def merge(self, records: Iterable[MemberRecord]) -> None:
-        """Records learned outside the protocol (a hello); the protocol task reacts."""
-        self.swim.merge(records)
+    def merge(self, records: Iterable[MemberRecord], relayer: str | None = None) -> None:
+        """Records learned outside the protocol (a hello); the protocol task reacts.
+        ``relayer``: who sent them, if we did not ask (a joiner's list: its rate applies)."""
+        self.swim.merge(records, relayer)
         self._wake.set()
 
     async def settle(self) -> None:
@@ -131,8 +132,11 @@ class Membership:
             task.add_done_callback(self._sends.discard)
 
     async def _deliver(self, out: Outgoing) -> None:
+        # A whole member list may take longer than a ping on a slow link; it has a period.
+        full = out.message.kind in (Kind.PUSH_PULL, Kind.PUSH_PULL_REPLY)
+        timeout_s = self.swim.cfg.period_s if full else self.timeout_s
         try:
-            await self.transport.call_swim(out.address, self._outgoing(out), self.timeout_s)
+            await self.transport.call_swim(out.address, self._outgoing(out), timeout_s)
         except (Unreachable, Rejected) as err:
             log.debug("swim %s to %s: %s", out.message.kind, out.address, err)
 

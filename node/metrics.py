@@ -15,6 +15,7 @@ import math
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from pathlib import Path
 from threading import Thread
 from wsgiref.simple_server import WSGIServer
 
@@ -25,7 +26,7 @@ from prometheus_client.registry import Collector
 from gossip.swim import Status
 from node.status import NodeStatus
 
-__all__ = ["MetricsServer", "status_metrics"]
+__all__ = ["MetricsServer", "MetricsTls", "metrics_host", "status_metrics"]
 
 #: How long a scrape waits for the node's status before it reports nothing.
 SCRAPE_TIMEOUT_S = 5.0
@@ -63,12 +64,38 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
         s.bytes_sent_fp32,
     )
     counter("murmur_received_bytes", "Bytes of gossip messages received.", s.bytes_received)
-    out.append(_gauge("murmur_training_loss", "Smoothed training loss.", s.loss))
+    train_doc = "Training loss, smoothed over about the last ten steps (NaN before the first)."
+    out.append(_gauge("murmur_train_loss", train_doc, s.train_loss))
+    # The old name of the same figure, kept for dashboards that use it.
+    out.append(_gauge("murmur_training_loss", "Deprecated: murmur_train_loss.", s.train_loss))
+    evaluated = s.eval_step >= 0
+    out.append(
+        _gauge(
+            "murmur_eval_loss",
+            "Loss on the task's eval data at the last evaluation (NaN before the first).",
+            s.eval_loss if evaluated else math.nan,
+        )
+    )
     out.append(
         _gauge(
             "murmur_eval_accuracy_ratio",
-            "Accuracy on the evaluation data at the last evaluation (NaN before the first).",
-            s.accuracy if s.accuracy >= 0 else math.nan,
+            "Accuracy on the task's eval data at the last evaluation (NaN before the first).",
+            s.eval_accuracy if evaluated else math.nan,
+        )
+    )
+    out.append(
+        _gauge(
+            "murmur_eval_step",
+            "The training step of the model the last evaluation saw (NaN before the first).",
+            s.eval_step if evaluated else math.nan,
+        )
+    )
+    out.append(
+        _gauge(
+            "murmur_eval_age_seconds",
+            "Seconds since the last evaluation (NaN before the first); after the step budget "
+            "nodes go on evaluating every --idle-eval-interval seconds.",
+            s.eval_age_s if evaluated else math.nan,
         )
     )
     out.append(_gauge("murmur_training_done", "1 once the step budget is spent.", s.training_done))
@@ -87,7 +114,8 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
         "murmur_members", "Members this node knows, by status (itself included).", labels=["status"]
     )
     for status in Status:
-        members.add_metric([str(status)], sum(m.status is status for m in s.members))
+        count = s.member_counts.get(str(status), sum(m.status is status for m in s.members))
+        members.add_metric([str(status)], count)
     out.append(members)
 
     label = ["neighbour"]
@@ -160,9 +188,28 @@ class _StatusCollector(Collector):
         yield from status_metrics(status)
 
 
+@dataclass(frozen=True)
+class MetricsTls:
+    """Files for serving over HTTPS to clients of the swarm's CA only (mutual TLS)."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+
+
+def metrics_host(listen: str) -> str:
+    """Where the metrics server binds unless told: the host the node listens on, or loopback
+    when that is a wildcard (a scrape names the node and its address, so it is not for
+    everyone on every interface)."""
+    host = listen.rpartition(":")[0]
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        return "127.0.0.1"
+    return host.removeprefix("[").removesuffix("]")
+
+
 @dataclass
 class MetricsServer:
-    """Serves ``/metrics`` over HTTP on its own thread.
+    """Serves ``/metrics`` over HTTP (or HTTPS with client certificates) on its own thread.
 
     Usage: ``server = MetricsServer.start(node.status, host, port)``; ``server.stop()``.
     """
@@ -172,7 +219,11 @@ class MetricsServer:
 
     @classmethod
     def start(
-        cls, status: Callable[[], Awaitable[NodeStatus]], host: str, port: int
+        cls,
+        status: Callable[[], Awaitable[NodeStatus]],
+        host: str,
+        port: int,
+        tls: MetricsTls | None = None,
     ) -> MetricsServer:
         """Call from the node's event loop; ``port`` 0 picks a free one (see :attr:`port`).
 
@@ -181,7 +232,18 @@ class MetricsServer:
         """
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_StatusCollector(status, asyncio.get_running_loop()))
-        server, thread = start_http_server(port, host, registry=registry)
+        if tls is None:
+            server, thread = start_http_server(port, host, registry=registry)
+        else:
+            server, thread = start_http_server(
+                port,
+                host,
+                registry=registry,
+                certfile=str(tls.cert_file),
+                keyfile=str(tls.key_file),
+                client_cafile=str(tls.ca_file),
+                client_auth_required=True,
+            )
         return cls(server, thread)
 
     @property

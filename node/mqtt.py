@@ -252,7 +252,7 @@ class MqttBridge:
         except Exception:  # the node is shutting down, say: skip this one
             log.debug("MQTT: no status to publish", exc_info=True)
             return
-        payload = status_payload(status, online, self._clock())
+        payload = status_payload(status, online, self._clock(), self.cfg.interval_s)
         await client.publish(self.cfg.topic(self.node_id, "status"), payload, qos=1, retain=True)
 
     async def _goodbye(self, client: aiomqtt.Client) -> None:

@@ -17,10 +17,13 @@ topic         payload                    published
                                          cleared (an empty retained message) on a clean stop
 ============  =========================  ==================================================
 
-The status is the node's ``murmur status --json`` (:func:`node.status.status_to_json`) with two
-more keys, ``"online"`` (bool) and ``"time"`` (Unix seconds when published); numbers that are
-not finite (the loss before the first step) are ``null``. The ``online`` topic is the authority
-on liveness: a killed node's retained status still says ``"online": true``.
+The status is the node's ``murmur status --json`` (:func:`node.status.status_to_json`) with three
+more keys, ``"online"`` (bool), ``"time"`` (Unix seconds when published) and ``"interval_s"``
+(seconds until the next one); numbers that are not finite (the loss before the first step) are
+``null``. The ``online`` topic is the authority on a clean stop and on a death the broker saw,
+but a node killed while the broker was down keeps both its retained ``true`` and its retained
+status for good: readers (``murmur monitor``) call a status older than a few ``interval_s``
+stale.
 
 Discovery reads ``{prefix}/{swarm}/+/address`` and ``.../+/online``: a member counts as announced
 while it has an address and its last word on ``online`` was ``true``, so a killed node's stale
@@ -30,12 +33,11 @@ address is not joined. :mod:`node.mqtt` is the client that publishes and reads a
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from node.status import NodeStatus, status_to_json
+from node.status import NodeStatus, finite, status_to_json
 
 __all__ = [
     "KINDS",
@@ -63,8 +65,10 @@ STATUS_SCHEMA: dict[str, tuple[type, ...]] = {
     "step": (int,),
     "step_budget": (int,),
     "training_done": (bool,),
-    "loss": (int, float, type(None)),
-    "accuracy": (int, float),
+    "train_loss": (int, float, type(None)),
+    "eval_loss": (int, float, type(None)),
+    "eval_accuracy": (int, float),
+    "eval_step": (int,),
     "rounds": (int,),
     "bytes_sent": (int,),
     "bytes_sent_fp32": (int,),
@@ -168,23 +172,13 @@ class MqttConfig:
         return node_id, kind
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with NaN and infinities replaced by None (JSON has no such numbers)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-def status_payload(status: NodeStatus, online: bool, now: float) -> bytes:
+def status_payload(status: NodeStatus, online: bool, now: float, interval_s: float) -> bytes:
     """The JSON published on a node's ``status`` topic (see the module docstring)."""
-    data = _finite(json.loads(status_to_json(status)))
+    data = json.loads(status_to_json(status))
     data["online"] = online
     data["time"] = now
-    return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+    data["interval_s"] = interval_s
+    return json.dumps(finite(data), separators=(",", ":"), allow_nan=False).encode()
 
 
 def _has_type(value: Any, types: tuple[type, ...]) -> bool:
@@ -200,6 +194,14 @@ def parse_status(payload: bytes) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict):
         return None
+    # Nodes before the figures were labelled said "loss" (the training loss) and "accuracy".
+    if "train_loss" not in data and "loss" in data:
+        data["train_loss"] = data.pop("loss")
+    if "eval_accuracy" not in data and "accuracy" in data:
+        data["eval_accuracy"] = data.pop("accuracy")
+        data.setdefault("eval_loss", None)
+        evaluated = isinstance(data["eval_accuracy"], int | float) and data["eval_accuracy"] >= 0
+        data.setdefault("eval_step", 0 if evaluated else -1)
     if all(_has_type(data.get(k, ...), types) for k, types in STATUS_SCHEMA.items()):
         return data
     return None

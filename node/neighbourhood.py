@@ -104,12 +104,18 @@ class Neighbourhood(Generic[L]):
             members: members in the view now, this node included.
             replicated: the neighbours whose public copy this node holds.
         """
-        links = self.links
-        return (
-            members >= wait_members
-            and all(link.healthy for link in links.values())
-            and all(peer in replicated for peer in links)
-        )
+        return members >= wait_members and not self.down(replicated)
+
+    def down(self, replicated: Collection[str]) -> list[str]:
+        """The neighbours whose edge is not up both ways yet (our link to them is not healthy,
+        or we do not hold their public copy).
+
+        Args:
+            replicated: the neighbours whose public copy this node holds.
+        """
+        return [
+            peer for peer, link in self.links.items() if not link.healthy or peer not in replicated
+        ]
 
     def links_up(self) -> int:
         return sum(link.healthy for link in self.links.values())

@@ -6,13 +6,17 @@ Usage::
     async with node:
         await node.wait_failed()   # or until a signal
 
-Start-up: resume from the state dir's checkpoint if there is one; serve; introduce ourselves
-through the join addresses (or, on a resume without them, through the members the checkpoint
-remembers; or, with MQTT discovery, through the members announced on the broker), which checks
-the task fingerprint and brings the member list; a fresh joiner then pulls the current model
-from a neighbour so that it starts near consensus; links to the neighbours open, and training
-starts once enough members are known. From then on SWIM keeps the member view current, and the
-neighbours follow it.
+Start-up: resume from the state dir's newest usable checkpoint if there is one (a damaged one
+is moved aside, see node/checkpoint.py); serve; introduce ourselves through the members the
+checkpoint remembers, then the join addresses, then the members announced on the MQTT broker
+(with discovery), which checks the task fingerprint and brings the member list; a fresh joiner
+then pulls the current model from a neighbour so that it starts near consensus; links to the
+neighbours open, and training starts once enough members are known. From then on SWIM keeps
+the member view current, and the neighbours follow it.
+
+A node that never started training (its start failed, or it was stopped while waiting) writes
+no checkpoint, and a node whose training diverged keeps its last finite one: what is on disk is
+always a state worth resuming from.
 
 Gossip rounds follow the trainer's steps (at least ``local_steps`` apart, and only when the
 links have carried the previous round) and, once the step budget is spent, a slow timer, so
@@ -27,11 +31,12 @@ import copy
 import dataclasses
 import json
 import logging
+import math
 import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
@@ -40,37 +45,48 @@ from typing import Any, TypeVarTuple
 import torch
 
 from gossip.codecs import get_codec
-from gossip.messages import Delta, TaskFingerprint
+from gossip.messages import Delta, ParamSpec, TaskFingerprint
 from gossip.mixing import RoundPacer
 from gossip.outer import OuterNesterov
 from gossip.refusals import REFUSALS
-from gossip.replicas import GossipState
+from gossip.replicas import GossipState, UpdateGuard, agreeing_pair, relative_distance
 from node.checkpoint import (
     CHECKPOINT_FILE,
+    PREVIOUS_FILE,
     Checkpoint,
     atomic_write,
-    load_checkpoint,
+    check_fits,
+    remove_stale_temp_files,
+    restore_latest,
     save_checkpoint,
 )
 from node.config import NodeConfig
+from node.console import CheckpointProgress, Summary, checkpoint_nbytes, with_countdown
 from node.device import resolve_device
 from node.flat import FlatParams
 from node.gossiper import Gossiper, NeighbourView
 from node.identity import Identity, load_or_create_identity, write_atomic
 from node.links import transfer_timeout_s
-from node.metrics import MetricsServer
+from node.metrics import MetricsServer, MetricsTls, metrics_host
 from node.mqtt import MqttBridge
 from node.peers import JoinError, Peers
-from node.pki import load_tls
-from node.revocation import REVOKED_FILE, Revocations
+from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, load_tls
+from node.progress import TickerConfig, fmt_duration, fmt_size
+from node.revocation import REVOKED_FILE, Revocations, read_revocations_file
 from node.service import NodeService
-from node.signing import MemberVerifier, public_key_der, record_signer
-from node.status import NeighbourStatus, NodeStatus, status_to_json
+from node.signing import (
+    MemberVerifier,
+    RecordScreen,
+    certificate_der,
+    public_key_der,
+    record_signer,
+)
+from node.status import NeighbourStatus, NodeStatus, status_to_json, summarise_members
 from node.tasks.base import Shard, Task, load_task
-from node.telemetry import Counters, MetricsLog
-from node.trainer import EvalResult, Trainer
+from node.telemetry import Counters, MetricsLog, json_safe
+from node.trainer import Diverged, EvalResult, Rollback, Trainer
 from node.transfer import receive_model
-from node.transport.base import Rejected, Transport, Unreachable
+from node.transport.base import Reason, Rejected, Transport, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
 __all__ = ["JoinError", "MonotonicClock", "Node"]
@@ -80,9 +96,19 @@ log = logging.getLogger(__name__)
 Ts = TypeVarTuple("Ts")
 
 SUMMARY_FILE = "summary.json"
-#: How often a node looks for a new revocation list in its TLS dir.
+#: Models a joiner pulls at most, looking for two that agree.
+MAX_PULLS = 3
+#: How often a node looks for a new revocation list in its state dir.
 REVOCATIONS_POLL_S = 2.0
+#: A join that has not answered in 2 s says so, then ever less often (7, 17, 37, 67 s...).
+_JOIN_TICKS = TickerConfig(first_s=2.0, every_s=5.0, growth=2.0, max_s=30.0)
+#: The wait for members says what it waits for at once, then ever less often.
+_WAIT_TICKS = TickerConfig(first_s=0.0, every_s=5.0, growth=2.0, max_s=30.0)
 METRICS_FILE = "metrics.jsonl"
+#: How long the members a checkpoint remembers get to answer when join addresses or the broker
+#: come after them: a live member answers within a round trip (an answer under way may take up
+#: to the call timeout), and dead ones must not hold up the rest for long.
+REJOIN_TIMEOUT_S = 5.0
 
 
 class MonotonicClock:
@@ -101,9 +127,10 @@ def _advertised(bound: str) -> str:
     return f"127.0.0.1:{port}"
 
 
-def _max_message_bytes(numel: int) -> int:
-    """An fp32 delta of the whole model plus headroom for headers: larger input is refused."""
-    return 4 * numel + (1 << 20)
+def _max_message_bytes(numel: int, codec: str, block_size: int) -> int:
+    """A delta of the whole model in the swarm's codec plus headroom for headers (and for
+    snapshot and model chunks, a MiB each): larger input is refused by gRPC itself."""
+    return get_codec(codec, block_size).encoded_nbytes(numel) + (1 << 20)
 
 
 class Node:
@@ -119,6 +146,7 @@ class Node:
         clock: MonotonicClock,
         resume: Checkpoint | None = None,
         ca_pem: bytes | None = None,
+        resume_path: Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.identity = identity
@@ -129,24 +157,24 @@ class Node:
         task.model.to(device)
         self.flat = FlatParams(task.model)
         g = cfg.gossip
-        self.fingerprint = TaskFingerprint(self.flat.specs, g.codec, g.block_size)
+        codec = get_codec(g.codec, g.block_size, g.compress_fraction)
+        self.fingerprint = TaskFingerprint.of(self.flat.specs, codec)
         self.resumed = resume
         if resume is not None:
-            _check_resumable(resume, self.fingerprint, cfg)
+            resume_path = resume_path or cfg.state_dir / CHECKPOINT_FILE
+            _check_resumable(resume, self.fingerprint, cfg, resume_path)
             task.model.load_state_dict(resume.model)
-            log.info(
-                "resuming from %s at step %d",
-                cfg.state_dir / CHECKPOINT_FILE,
-                int(resume.meta["step"]),
-            )
+            log.info("resuming from %s at step %d", resume_path, int(resume.meta["step"]))
         self.model_lock = threading.Lock()
         rounding = torch.Generator(device=device).manual_seed(random.getrandbits(62))
         self.state = GossipState(
             self.flat.flat,
-            get_codec(g.codec, g.block_size),
+            codec,
             clock,
             rounding,
             session=random.getrandbits(62),
+            # With robust mixing a snapshot must also agree with a second member.
+            guard=UpdateGuard(consistency=1.0 if g.robust else None),
         )
         if resume is not None:
             self.state.public.copy_(resume.public)
@@ -173,10 +201,17 @@ class Node:
             on_eval=self._on_loop(self._on_eval),
             on_done=self._on_loop(self._on_training_done),
             start_step=int(resume.meta["step"]) if resume else 0,
+            on_rollback=self._on_loop(self._rolled_back),
         )
         if resume is not None and resume.optimizer is not None:
             self.trainer.optimizer.load_state_dict(dict(resume.optimizer))
+        if resume is not None and resume.schedule is not None and self.trainer.schedule:
+            self.trainer.schedule.load_state_dict(dict(resume.schedule))
         self.counters = Counters()
+        #: Which member records enter the view (admission by the CA: node/signing.py).
+        self.verifier = MemberVerifier(ca_pem, self.counters.rejected)
+        if isinstance(transport, GrpcTransport):
+            transport.screen = RecordScreen(self.verifier, clock)
         self.service = NodeService(self)
         self.peers = Peers(
             self.node_id,
@@ -192,7 +227,7 @@ class Node:
             spawn=self._spawn,
             on_view_change=self._view_changed,
             on_links_change=self._links_changed,
-            signing=(record_signer(identity), public_key_der(identity), MemberVerifier()),
+            signing=(record_signer(identity), public_key_der(identity), self.verifier),
             ca_pem=ca_pem,
             on_revocations=self._keep_revocations,
         )
@@ -215,6 +250,10 @@ class Node:
         self._stopped = False
         self._checkpoint_lock = threading.Lock()
         self._final_written = False
+        self._save_failing = False  # a write failed (a full disk): warn once, not every time
+        self._checkpoint_progress = CheckpointProgress(cfg.state_dir / CHECKPOINT_FILE)
+        #: The last evaluation written to the metrics log (step, accuracy, loss to 4 digits).
+        self._logged_eval: tuple[int, float, str] | None = None
 
     @classmethod
     async def create(
@@ -242,12 +281,16 @@ class Node:
         task = factory(Shard(cfg.shard_index, cfg.shard_count, cfg.alpha, cfg.seed))
         if transport is None:
             numel = sum(p.numel() for p in task.model.parameters())
-            transport = GrpcTransport(GrpcTransportConfig(_max_message_bytes(numel), tls))
-        path = cfg.state_dir / CHECKPOINT_FILE
-        resume = await asyncio.to_thread(load_checkpoint, path) if path.exists() else None
+            g = cfg.gossip
+            limit = _max_message_bytes(numel, g.codec, g.block_size)
+            transport = GrpcTransport(GrpcTransportConfig(limit, tls))
+        resume, resume_path = await asyncio.to_thread(_restore, cfg, task)
         ca_pem = tls.ca_pem if tls else None
         clock = clock or MonotonicClock()
-        return cls(cfg, identity, task, device, transport, clock, resume, ca_pem)
+        node = cls(cfg, identity, task, device, transport, clock, resume, ca_pem, resume_path)
+        if tls is not None:  # the CA's proof of this node's id rides on its member records
+            node.peers.swim.certificate = certificate_der(tls.cert_pem)
+        return node
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -276,11 +319,25 @@ class Node:
         self.peers.set_address(self.address)
         self.peers.membership.start()
         if self.cfg.metrics_port is not None:
-            self.metrics_server = MetricsServer.start(
-                self.status, self.cfg.metrics_host, self.cfg.metrics_port
-            )
+            key_dir = self.cfg.tls_dir or self.cfg.state_dir
+            tls = MetricsTls(key_dir / CERT_FILE, key_dir / KEY_FILE, key_dir / CA_CERT_FILE)
+            host = self.cfg.metrics_host or metrics_host(self.cfg.listen)
+            port = self.cfg.metrics_port
+            try:
+                self.metrics_server = MetricsServer.start(
+                    self.status, host, port, tls if self.cfg.metrics_tls else None
+                )
+            except OSError as err:
+                raise OSError(f"cannot serve metrics on {host}:{port}: {err.strerror}") from err
         self.metrics = MetricsLog(self.cfg.state_dir / METRICS_FILE)
-        self.metrics.write("start", node_id=self.node_id, address=self.address)
+        self.metrics.write(
+            "start",
+            node_id=self.node_id,
+            address=self.address,
+            # What the report judges this task by (node/tasks/base.py Metric).
+            metric=self.task.metric,
+            target=self.task.target,
+        )
         self.ready = True
         log.info(
             "node %s listening on %s (device %s, codec %s, %d parameters)",
@@ -297,13 +354,7 @@ class Node:
                 mqtt, self.node_id, self.address, self.status, self._join_announced
             )
             self.mqtt.start()
-        helper: str | None = None
-        if self.cfg.join:
-            helper = await self.peers.join(self.cfg.join, self.cfg.wait_timeout_s)
-        elif self.resumed is not None:
-            helper = await self._rejoin(self.resumed)
-        elif self.mqtt is not None and self.mqtt.cfg.discovery:
-            helper = await self._join_through_broker()
+        helper = await self._find_swarm()
         if self.mqtt is not None:
             self.mqtt.follow()
         if helper is not None and self.resumed is None:
@@ -314,19 +365,59 @@ class Node:
         if self.peers.ca_pem is not None:
             self._spawn(self._watch_revocations(), "revocations")
 
-    async def _rejoin(self, ckpt: Checkpoint) -> str | None:
-        """Join through the members a checkpoint remembers; alone if none answers (the swarm
-        may be gone, or this was its first node)."""
-        remembered = [
-            m["address"] for m in ckpt.meta.get("members", []) if m["node_id"] != self.node_id
-        ]
-        if not remembered:
-            return None
-        try:
-            return await self.peers.join(remembered, self.cfg.wait_timeout_s)
-        except JoinError as err:
-            log.warning("could not rejoin through remembered members (%s); going on alone", err)
-            return None
+    def _remembered(self) -> list[dict[str, str]]:
+        """The other members the checkpoint we resumed from knew."""
+        members = self.resumed.meta.get("members", []) if self.resumed is not None else []
+        return [m for m in members if m["node_id"] != self.node_id]
+
+    async def _find_swarm(self) -> str | None:
+        """Join the swarm: through the members the checkpoint remembers first (they were live
+        when it was written; a ``--join`` seed may be gone), then every join address, then the
+        members announced on the MQTT broker (with discovery).
+
+        Returns:
+            The address that took us; None to start alone: there was nothing to try (this is
+            the swarm's first node), or no join address was given and nobody answered (the
+            swarm may be gone, or this was its first node).
+
+        Raises:
+            JoinError: a join address (or an announced member) refused us for good, or join
+                addresses were given and every way to the swarm failed.
+        """
+        discovery = self.mqtt is not None and self.mqtt.cfg.discovery
+        failed: list[str] = []
+        remembered = [m["address"] for m in self._remembered()]
+        if remembered:
+            more = bool(self.cfg.join) or discovery
+            timeout_s = self.cfg.wait_timeout_s
+            try:
+                return await self._join(
+                    remembered, min(REJOIN_TIMEOUT_S, timeout_s) if more else timeout_s
+                )
+            except JoinError as err:
+                failed.append(f"the {len(remembered)} remembered member(s): {err}")
+                log.warning(
+                    "could not rejoin through the %d member(s) the checkpoint remembers (%s)%s",
+                    len(remembered),
+                    err,
+                    "" if more else "; going on alone",
+                )
+        if self.cfg.join:
+            try:
+                return await self._join(self.cfg.join, self.cfg.wait_timeout_s)
+            except JoinError as err:
+                cause = err.__cause__
+                if isinstance(cause, Rejected) and cause.reason not in _BUSY:
+                    raise  # a refusal is an answer: this swarm will not have us
+                failed.append(f"--join {', '.join(self.cfg.join)}: {err}")
+        if discovery:
+            helper = await self._join_through_broker()
+            if helper is not None:
+                return helper
+            failed.append("MQTT discovery: no announced member took us")
+        if self.cfg.join:
+            raise JoinError("could not join the swarm through any of: " + "; ".join(failed))
+        return None
 
     async def _join_through_broker(self) -> str | None:
         """Join through the members announced on the MQTT broker; alone if none is (this is the
@@ -338,12 +429,30 @@ class Node:
             log.info("no members announced on the MQTT broker; this node starts the swarm")
             return None
         try:
-            return await self.peers.join(announced, self.cfg.wait_timeout_s)
+            return await self._join(announced, self.cfg.wait_timeout_s)
         except JoinError as err:
             if isinstance(err.__cause__, Rejected) and err.__cause__.reason in _FOR_GOOD:
                 raise
             log.warning("no member announced on the MQTT broker answered (%s); alone", err)
             return None
+
+    async def _join(self, addresses: Sequence[str], timeout_s: float) -> str:
+        """:meth:`Peers.join` within ``timeout_s``, with a countdown in the log while no
+        address answers."""
+        deadline = time.monotonic() + timeout_s
+        shown = ", ".join(addresses[:3]) + (
+            f" and {len(addresses) - 3} more" if len(addresses) > 3 else ""
+        )
+
+        def describe() -> str:
+            left = fmt_duration(max(0.0, deadline - time.monotonic()))
+            return (
+                f"node {self.node_id[:8]} joining through {shown}: no answer yet, "
+                f"giving up in {left}"
+            )
+
+        join = self.peers.join(addresses, timeout_s)
+        return await with_countdown(join, describe, _JOIN_TICKS)
 
     async def _join_announced(self, node_id: str, address: str) -> None:
         """A member announced on the MQTT broker: join it unless it is known already, which
@@ -356,18 +465,31 @@ class Node:
             log.warning("could not join %s, announced on the MQTT broker: %s", node_id[:8], err)
 
     async def _pull_model(self, helper: str) -> None:
-        """Start from the swarm's current model: pull it from a neighbour (or, failing that,
-        from a node we joined through), chunk by chunk, into one buffer.
+        """Start from the swarm's current model: pull it from the node we joined through and
+        from neighbours (then other members), chunk by chunk, each into a buffer of its own, and
+        adopt one only once a second member's model agrees with it (``agreeing_pair``).
 
-        The node's own model is replaced only once the whole model has arrived and checked, so
-        a transfer that fails half way changes nothing; training then starts from the initial
-        model, which costs time but loses nothing.
+        A member that serves a poisoned model (1e38 everywhere, a scaled copy) is outvoted: the
+        joiner pulls from another member until two agree, at most ``MAX_PULLS`` in all. With no
+        second member to ask (a swarm of one), the one model is adopted if it is plausible
+        beside the node's own initial model (``UpdateGuard``), as a snapshot would be. The
+        node's own model is replaced only by a whole model that passed, so a transfer that fails
+        or is refused changes nothing; training then starts from the initial model, which costs
+        time but loses nothing.
         """
         neighbours = [m.address for m in map(self.peers.view.get, self._neighbour_ids()) if m]
+        others = [m.address for m in self.peers.view.members if m.node_id != self.node_id]
         random.shuffle(neighbours)
+        random.shuffle(others)
+        # The helper first: it answered a moment ago.
+        candidates = list(dict.fromkeys([helper, *neighbours, *others]))
         numel = self.flat.numel
-        for address in [*neighbours, helper]:
-            started = time.monotonic()
+        pulled: list[tuple[str, torch.Tensor, int]] = []
+        started = time.monotonic()
+        for address in candidates:
+            if len(pulled) >= MAX_PULLS:
+                break
+            log.info("pulling the swarm's model (%.1f MB) from %s", 4 * numel / 1e6, address)
             timeout_s = transfer_timeout_s(self.cfg.gossip.call_timeout_s, 4 * numel)
             chunks = self.transport.call_pull_model(address, self.node_id, timeout_s)
             try:
@@ -375,18 +497,49 @@ class Node:
             except (Rejected, Unreachable) as err:
                 log.warning("could not pull the model from %s: %s", address, err)
                 continue
-            await self.gossiper.adopt(buffer.to(self.device), random.getrandbits(62))
-            log.info(
-                "started from the model of %s (its step %d): %.1f MB in %.2f s",
-                address,
-                step,
-                4 * numel / 1e6,
-                time.monotonic() - started,
+            pulled.append((address, buffer, step))
+            pair = agreeing_pair([b for _, b, _ in pulled])
+            if pair is not None:
+                (source, values, step), (second, _, _) = pulled[pair[0]], pulled[pair[1]]
+                for address_, _, _ in pulled:
+                    if address_ not in (source, second):
+                        log.warning("the model pulled from %s agrees with no other", address_)
+                await self._adopt_pulled(values, source, step, started, agreed_with=second)
+                return
+        if len(pulled) == 1 and len(candidates) == 1:  # no second member to ask
+            source, values, step = pulled[0]
+            initial = self.flat.flat.detach().cpu()
+            guard = self.state.guard or UpdateGuard()
+            if relative_distance(values, initial, guard.floor_rms) <= guard.max_distance:
+                await self._adopt_pulled(values, source, step, started, agreed_with=None)
+                return
+        self.counters.rejected[str(Reason.IMPLAUSIBLE)] += len(pulled)
+        log.warning(
+            "could not pull a model that a second member's agrees with (%d pulled of %d "
+            "members asked); starting from the initial one",
+            len(pulled),
+            len(candidates),
+        )
+
+    async def _adopt_pulled(
+        self, values: torch.Tensor, source: str, step: int, started: float, agreed_with: str | None
+    ) -> None:
+        await self.gossiper.adopt(values.to(self.device), random.getrandbits(62))
+        elapsed = time.monotonic() - started
+        nbytes = 4 * values.numel()
+        log.info(
+            "started from the model of %s (its step %d%s): %s in %s (%s/s)",
+            source,
+            step,
+            f"; {agreed_with}'s agrees" if agreed_with else "",
+            fmt_size(nbytes),
+            fmt_duration(elapsed),
+            fmt_size(nbytes / elapsed) if elapsed > 0 else "-",
+        )
+        if self.metrics is not None:
+            self.metrics.write(
+                "pulled_model", source=source, source_step=step, agreed_with=agreed_with
             )
-            if self.metrics is not None:
-                self.metrics.write("pulled_model", source=address, source_step=step)
-            return
-        log.warning("could not pull the swarm's model from anyone; starting from the initial one")
 
     def _neighbour_ids(self) -> list[str]:
         g = self.cfg.gossip
@@ -424,7 +577,12 @@ class Node:
         await self.transport.close(grace_s)
         await asyncio.to_thread(self.gossiper.close)
         if self.ready:
-            await asyncio.to_thread(self._write_final_state)
+            await self._checkpoint_progress.run(
+                f"node {self.node_id[:8]} writing the final checkpoint",
+                self._checkpoint_progress.estimate(3 * 4 * self.flat.numel),
+                self._write_final_state,
+                final=True,
+            )
         if self.metrics is not None:
             self.metrics.close()
         log.info("node %s stopped at step %d", self.node_id[:8], self.trainer.step)
@@ -490,20 +648,36 @@ class Node:
         alone; after ``wait_timeout_s``, start anyway."""
         want = self.cfg.wait_members
         hood = self.peers.neighbourhood
+        deadline = time.monotonic() + self.cfg.wait_timeout_s
 
-        def ready() -> bool:
-            # What the worker published of the replicas: the event loop never reads the state.
-            return hood.ready(len(self.peers.view), want, self.gossiper.replicated)
+        def missing() -> list[str]:
+            """What training still waits for: members, then both directions of every edge
+            (they took our public copy, and we hold theirs). Read from what the worker
+            published of the replicas: the event loop never reads the gossip state."""
+            links = hood.links
+            members = len(self.peers.view)
+            waiting = []
+            if members < want:
+                waiting.append(f"members ({members} of {want} known)")
+            down = hood.down(self.gossiper.replicated)
+            if down:
+                names = " ".join(sorted(p[:8] for p in down))
+                waiting.append(f"links ({len(links) - len(down)} of {len(links)} up; not: {names})")
+            return waiting
+
+        def describe() -> str | None:
+            waiting = missing()
+            if not waiting:
+                return None
+            left = fmt_duration(max(0.0, deadline - time.monotonic()))
+            return (
+                f"node {self.node_id[:8]} waiting for {' and '.join(waiting)}; "
+                f"training starts anyway in {left}"
+            )
 
         try:
-            if not ready():
-                log.info(
-                    "node %s waiting for members (%d of %d) and links",
-                    self.node_id[:8],
-                    len(self.peers.view),
-                    want,
-                )
-            await self.wait_until(ready, self.cfg.wait_timeout_s)
+            waited = self.wait_until(lambda: not missing(), self.cfg.wait_timeout_s)
+            await with_countdown(waited, describe, _WAIT_TICKS)
         except TimeoutError:
             log.warning(
                 "node %s starts training with %d of %d members, %d of %d links up",
@@ -513,6 +687,9 @@ class Node:
                 hood.links_up(),
                 len(hood.links),
             )
+        if self.cfg.summary_interval_s > 0:
+            summary = Summary(self.status, self.cfg.summary_interval_s)
+            self._spawn(summary.run(), "summary")
         self.trainer.start()
 
     def _after_step(self, step: int) -> None:
@@ -566,19 +743,28 @@ class Node:
 
     def _on_eval(self, result: EvalResult) -> None:
         self.notify_change()
-        log.info(
-            "node %s step %d loss %.4f accuracy %.4f",
+        # After the budget the summary line carries the figures; a line per evaluation would
+        # be one every few seconds for as long as the node runs.
+        log.log(
+            logging.DEBUG if result.after_budget else logging.INFO,
+            "node %s step %d eval_loss %.4f eval_accuracy %.4f%s",
             self.node_id[:8],
             result.step,
             result.loss,
             result.accuracy,
+            " (after the budget)" if result.after_budget else "",
         )
-        if self.metrics is not None and not self.closing:
+        # A model that gossip no longer moves evaluates the same every time: one record says it.
+        key = (result.step, result.accuracy, f"{result.loss:.4g}")
+        if self.metrics is not None and not self.closing and key != self._logged_eval:
+            self._logged_eval = key
             self._spawn(self._log_eval(result), "log-eval")
 
     async def _log_eval(self, result: EvalResult) -> None:
         """One ``eval`` record of the metrics log, with this node's distance to its neighbours
-        (the RMS of x_i - x̂_j averaged over the neighbours it has replicas of; -1 without)."""
+        (the RMS of x_i - x̂_j averaged over the neighbours it has replicas of; -1 without).
+        ``loss`` and ``accuracy`` are on the eval data; ``train_loss`` is the smoothed
+        training loss; ``after_budget`` marks the evaluations made once the budget was spent."""
         views = await self.gossiper.neighbour_views()
         distances = [v.distance_rms for v in views.values() if v.distance_rms >= 0]
         if self.metrics is not None:
@@ -588,6 +774,7 @@ class Node:
                 loss=result.loss,
                 accuracy=result.accuracy,
                 train_loss=self.trainer.loss,
+                after_budget=result.after_budget,
                 rounds=self.counters.rounds,
                 bytes_sent=self.counters.bytes_sent,
                 bytes_sent_fp32=self.counters.bytes_sent_fp32,
@@ -640,6 +827,7 @@ class Node:
             )
         ev = self.trainer.last_eval
         c = self.counters
+        members, member_counts = summarise_members(self.peers.swim.records(), self.node_id)
         return NodeStatus(
             node_id=self.node_id,
             address=self.address,
@@ -648,8 +836,12 @@ class Node:
             step=self.trainer.step,
             step_budget=self.cfg.trainer.steps or 0,
             training_done=self.trainer.done.is_set(),
-            loss=self.trainer.loss,
-            accuracy=ev.accuracy if ev else -1.0,
+            train_loss=self.trainer.loss,
+            # -1: none yet, or a task judged by its loss (its accuracy is NaN).
+            eval_accuracy=ev.accuracy if ev and math.isfinite(ev.accuracy) else -1.0,
+            eval_loss=ev.loss if ev else math.nan,
+            eval_step=ev.step if ev else -1,
+            eval_age_s=time.monotonic() - ev.time if ev else -1.0,
             rounds=c.rounds,
             bytes_sent=c.bytes_sent,
             bytes_sent_fp32=c.bytes_sent_fp32,
@@ -657,8 +849,9 @@ class Node:
             samples_per_s=self.trainer.samples_per_s,
             samples=self.trainer.samples,
             neighbours=tuple(neighbours),
-            members=tuple(self.peers.swim.records()),
+            members=members,
             rejected=dict(c.rejected),
+            member_counts=member_counts,
         )
 
     def _capture(self) -> Checkpoint:
@@ -672,12 +865,16 @@ class Node:
                 k: v.detach().to("cpu", copy=True) for k, v in self.task.model.state_dict().items()
             }
             optimizer = copy.deepcopy(self.trainer.optimizer.state_dict())
+            schedule = self.trainer.schedule
+            schedule_state = copy.deepcopy(schedule.state_dict()) if schedule else None
             step = self.trainer.step
         members = [
             {"node_id": r.node_id, "address": r.address}
             for r in self.peers.swim.live_members()
             if r.node_id != self.node_id
         ]
+        # Nobody known alive now (the swarm is away, say): a restart still tries whom we knew.
+        members = members or self._remembered()
         meta = {
             "node_id": self.node_id,
             "step": step,
@@ -689,36 +886,84 @@ class Node:
             "shard": [self.cfg.shard_index, self.cfg.shard_count],
             "members": members,
         }
-        return Checkpoint(model, self.state.public.to("cpu", copy=True), optimizer, meta)
+        public = self.state.public.to("cpu", copy=True)
+        return Checkpoint(model, public, optimizer, meta, schedule_state)
 
     async def write_checkpoint(self) -> None:
-        """Write the checkpoint now (atomically: a crash at any moment leaves a readable one)."""
+        """Write the checkpoint now (atomically: a crash at any moment leaves a readable one),
+        unless the node has nothing worth keeping (see :meth:`_save`)."""
+        if not self._trained():
+            return
+        log.debug("node %s writing a checkpoint", self.node_id[:8])
         ckpt = await self.gossiper.run(self._capture)
-        if await asyncio.to_thread(self._save, ckpt) and self.metrics is not None:
+        wrote = await self._checkpoint_progress.run(
+            f"node {self.node_id[:8]} writing a checkpoint",
+            checkpoint_nbytes(ckpt),
+            lambda: self._save(ckpt),
+            final=False,
+        )
+        if wrote and self.metrics is not None:
             self.metrics.write("checkpoint", step=int(ckpt.meta["step"]))
 
+    def _trained(self) -> bool:
+        """Whether this life of the node got to training (it joined, or started the swarm, and
+        its members and links were ready or it stopped waiting for them). Before that, its
+        state is the checkpoint it resumed from, or a model nobody trained: nothing to write."""
+        return self.trainer.started
+
     def _save(self, ckpt: Checkpoint, final: bool = False) -> bool:
-        """Write ``ckpt`` unless the final checkpoint is already written; returns whether it
-        wrote. A periodic write that was under way when the node stopped must not land on top
-        of the final one with an older state."""
+        """Write ``ckpt``, keeping the checkpoint before it; returns whether it wrote.
+
+        It does not write once the final checkpoint is written (a periodic write that was
+        under way when the node stopped must not land on top of it with an older state), nor
+        a model that diverged: the last finite checkpoint stays. A write that fails (a full
+        disk) leaves the old checkpoint, and warns once until a write succeeds again.
+        """
+        path = self.cfg.state_dir / CHECKPOINT_FILE
         with self._checkpoint_lock:
             if self._final_written:
                 return False
-            save_checkpoint(self.cfg.state_dir / CHECKPOINT_FILE, ckpt)
+            if isinstance(self.trainer.error, Diverged) or not ckpt.is_finite():
+                log.error(
+                    "node %s: the model is not finite (training diverged); %s stays as it was",
+                    self.node_id[:8],
+                    path,
+                )
+                return False
+            try:
+                save_checkpoint(path, ckpt, self.cfg.state_dir / PREVIOUS_FILE)
+            except OSError as err:
+                if not self._save_failing:
+                    log.warning(
+                        "could not write the checkpoint %s (%s); the old one stays, training "
+                        "goes on, and this is not said again until a write succeeds",
+                        path,
+                        err.strerror or err,
+                    )
+                self._save_failing = True
+                return False
+            if self._save_failing:
+                log.info("wrote the checkpoint %s again (step %d)", path, ckpt.meta["step"])
+            self._save_failing = False
             self._final_written = final
             return True
 
     @property
     def _revocations_path(self) -> Path:
-        return (self.cfg.tls_dir or self.cfg.state_dir) / REVOKED_FILE
+        """The one place a node reads (and keeps) its revocation list: the state dir, which is
+        the node's own and writable, whatever ``--tls-dir`` says."""
+        return self.cfg.state_dir / REVOKED_FILE
 
     async def _watch_revocations(self) -> None:
-        """Look at ``revoked.json`` in the TLS dir every few seconds: an operator (or a
+        """Look at ``revoked.json`` in the state dir every few seconds: an operator (or a
         deployment tool) drops a new list there, and this node adopts and spreads it."""
         seen = b""
+        path = self._revocations_path
+        stray = self.cfg.tls_dir / REVOKED_FILE if self.cfg.tls_dir else None
+        if stray is not None and stray != path and stray.exists():
+            log.warning("ignoring %s: revocation lists are read from %s", stray, path)
         while True:
-            path = self._revocations_path
-            blob = await asyncio.to_thread(path.read_bytes) if path.exists() else b""
+            blob = await asyncio.to_thread(read_revocations_file, path)
             if blob != seen:
                 seen = blob
                 self.peers.adopt_revocations(blob, str(path))
@@ -737,23 +982,77 @@ class Node:
             await self.write_checkpoint()
 
     def _write_final_state(self) -> None:
-        state_dir = self.cfg.state_dir
-        self._save(self._capture(), final=True)
-        status = self._status()
-        atomic_write(state_dir / SUMMARY_FILE, status_to_json(status).encode())
+        """The final checkpoint and summary, if this life got to training (a start that fails
+        changes nothing on disk but the metrics log); the ``stop`` record in any case."""
+        trained = self._trained()
+        if trained:
+            self._save(self._capture(), final=True)
+        else:
+            log.info("node %s never trained in this run: no checkpoint written", self.node_id[:8])
+        # Strict JSON: a loss that is NaN (no step yet) is null.
+        summary = json_safe(json.loads(status_to_json(self._status())))
+        if trained:
+            text = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)
+            try:
+                atomic_write(self.cfg.state_dir / SUMMARY_FILE, text.encode())
+            except OSError as err:
+                log.warning("could not write %s: %s", SUMMARY_FILE, err.strerror or err)
         if self.metrics is not None:
-            self.metrics.write("stop", **json.loads(status_to_json(status)))
+            self.metrics.write("stop", **summary)
+
+    def _rolled_back(self, rollback: Rollback) -> None:
+        """Event loop: the trainer went back to its last finite state."""
+        log.warning(
+            "node %s: training loss became %s at step %d; rolled back to the model and "
+            "optimizer of step %d (%d in a row, at most %d)",
+            self.node_id[:8],
+            rollback.loss,
+            rollback.step,
+            rollback.to_step,
+            rollback.in_a_row,
+            self.cfg.trainer.max_rollbacks,
+        )
+        if self.metrics is not None and not self.closing:
+            self.metrics.write(
+                "rollback", step=rollback.step, to_step=rollback.to_step, loss=rollback.loss
+            )
+        self.notify_change()
 
 
-#: Refusals of a join that will not change by retrying (gossip/refusals.py).
+#: Refusals of a join that say "not now" rather than "not you" (gossip/refusals.py).
+_BUSY = frozenset(r for r, c in REFUSALS.items() if c.retryable)
+#: Refusals of a join that will not change by retrying.
 _FOR_GOOD = frozenset(r for r, c in REFUSALS.items() if c.for_good)
 
 
-def _check_resumable(ckpt: Checkpoint, fingerprint: TaskFingerprint, cfg: NodeConfig) -> None:
-    """A checkpoint from another task or codec cannot be resumed: say so rather than guess."""
+def _check_resumable(
+    ckpt: Checkpoint, fingerprint: TaskFingerprint, cfg: NodeConfig, path: Path
+) -> None:
+    """A checkpoint from another task or codec cannot be resumed: say so rather than guess.
+    It is whole, and someone's: it is refused, not moved aside as a damaged one would be."""
     if ckpt.meta.get("fingerprint") != fingerprint.digest():
         raise ValueError(
-            f"{cfg.state_dir / CHECKPOINT_FILE} holds a checkpoint of another task or codec "
+            f"{path} holds a checkpoint of another task or codec "
             f"(task {ckpt.meta.get('task')!r}, codec {ckpt.meta.get('codec')!r}); "
             "use another --state-dir, or remove the checkpoint to start afresh"
         )
+
+
+def _restore(cfg: NodeConfig, task: Task) -> tuple[Checkpoint | None, Path | None]:
+    """The newest usable checkpoint in the state dir, after removing stale temporary files."""
+    if not cfg.state_dir.is_dir():
+        return None, None
+    for tmp in remove_stale_temp_files(cfg.state_dir, (CHECKPOINT_FILE, SUMMARY_FILE)):
+        log.info("removed %s, left by a write that was interrupted", tmp)
+    specs = tuple(
+        ParamSpec(name, tuple(p.shape), str(p.dtype).removeprefix("torch."))
+        for name, p in task.model.named_parameters()
+    )
+    g = cfg.gossip
+    fingerprint = TaskFingerprint.of(specs, get_codec(g.codec, g.block_size, g.compress_fraction))
+
+    def check(ckpt: Checkpoint, path: Path) -> None:
+        _check_resumable(ckpt, fingerprint, cfg, path)
+        check_fits(ckpt, task.model, task.make_optimizer, path)
+
+    return restore_latest(cfg.state_dir, check)

@@ -19,10 +19,12 @@ from node.gossiper import Gossiper
 from node.links import LinkConfig, PeerLink
 from node.membership import Membership
 from node.neighbourhood import Neighbourhood
+from node.penalties import LogLimiter, RateConfig, RateLimiter, held_back
 from node.revocation import Revocations, parse_revocations
+from node.signing import signature_holds
 from node.steps import run_on
 from node.telemetry import Counters
-from node.transport.base import Reason, Rejected, Transport, Unreachable
+from node.transport.base import HandshakeFailed, Reason, Rejected, Transport, Unreachable
 
 __all__ = ["JoinError", "MemberSigning", "Peers"]
 
@@ -82,10 +84,16 @@ class Peers:
         self.ca_pem = ca_pem
         self._on_revocations = on_revocations
         self._spread_left = 0
+        # Parsing a list costs a JSON parse and a signature check: a few per source, then one
+        # every few seconds; an honest source sends the same list again, which costs nothing.
+        self._revocation_rate = RateLimiter(RateConfig(rate=0.2, burst=3), clock)
+        self._revocation_log = LogLimiter(clock)
+        self._callback_log = LogLimiter(clock)
         if signing is not None:
             self.swim.sign, self.swim.public_key, verify = signing
             # A revoked node's records are refused, so it cannot come back into any view.
             self.swim.verify = lambda r: r.node_id not in self.revocations.node_ids and verify(r)
+            self.swim.check_signature = signature_holds  # an accuser's, on a suspicion
         self.view = MemberView(self.swim)
         self.membership = Membership(
             self.swim, transport, clock, self._members_changed, attach=self._attachment
@@ -100,6 +108,7 @@ class Peers:
             lambda peer: self.membership.send([self.swim.ping(peer.address)]),
             gossiper.apply_neighbours,
         )
+        self._logged_neighbours: frozenset[str] | None = None  # the last set logged
         self._spawn = spawn
         self._on_view_change = on_view_change
         self._on_links_change = on_links_change
@@ -153,12 +162,16 @@ class Peers:
         neighbours and closes their links), and this node passes the list on with its next
         few membership messages.
         """
-        if not blob or self.ca_pem is None:
+        if not blob or self.ca_pem is None or blob == self.revocations.blob:
+            return False
+        if not self._revocation_rate.allow(source):
             return False
         try:
             new = parse_revocations(blob, self.ca_pem)
         except ValueError as err:
-            log.warning("ignored a revocation list from %s: %s", source, err)
+            self.counters.rejected[str(Reason.BAD_REVOCATIONS)] += 1
+            if (held := self._revocation_log.allow(source)) is not None:
+                log.warning("ignored a revocation list from %s: %s%s", source, err, held_back(held))
             return False
         if new.version <= self.revocations.version:
             return False
@@ -169,7 +182,8 @@ class Peers:
             new.version,
             source,
             len(new.node_ids),
-            " ".join(sorted(i[:8] for i in new.node_ids)),
+            " ".join(sorted(i[:8] for i in new.node_ids)[:20])
+            + (" ..." if len(new.node_ids) > 20 else ""),
         )
         for node_id in new.node_ids:
             self.swim.expel(node_id)
@@ -215,17 +229,27 @@ class Peers:
             callback_s = self.cfg.call_timeout_s / 2
             answered = await self.membership.check_address(joiner.address, callback_s)
         except (Unreachable, Rejected) as err:
-            raise Rejected(
-                Reason.BAD_ADDRESS,
-                f"nobody answers at your address {joiner.address} ({err}); "
-                "set --advertise to an address others can dial",
-            ) from err
+            answered = ""
+            why = str(err)
+        else:
+            why = f"node {answered[:8]} answers there"
         if answered != joiner.node_id:
+            # One answer whatever went wrong: the call-back's own error (refused, reset, timed
+            # out, someone else answers) would make this node a port scanner for any member.
+            if (held := self._callback_log.allow(joiner.node_id)) is not None:
+                log.info(
+                    "joiner %s not at %s: %s%s",
+                    joiner.node_id[:8],
+                    joiner.address,
+                    why,
+                    held_back(held),
+                )
             raise Rejected(
                 Reason.BAD_ADDRESS,
-                f"another node ({answered[:8]}) answers at your address {joiner.address}",
+                f"nobody answers as {joiner.node_id[:8]} at your address {joiner.address}; "
+                "set --advertise to an address others can dial",
             )
-        self.membership.merge([joiner, *hello.members])
+        self.membership.merge([joiner, *hello.members], relayer=joiner.node_id)
         await self.membership.settle()
         return self.hello()
 
@@ -251,10 +275,12 @@ class Peers:
                         raise JoinError(f"{address} refused us: {err}") from err
                     if time.monotonic() > deadline:
                         raise JoinError(f"{address} is not taking members: {err}") from err
+                except HandshakeFailed as err:
+                    raise JoinError(f"{address} refused us: {err}") from err
                 except Unreachable as err:
                     if time.monotonic() > deadline:
                         raise JoinError(f"{address} did not answer: {err}") from err
-                log.info("waiting for %s to answer", address)
+                log.debug("waiting for %s to answer", address)  # the node counts down
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 2.0)
 
@@ -267,7 +293,7 @@ class Peers:
                     err = task.exception()
                     if err is None:
                         return task.result()
-                    if isinstance(err.__cause__, Rejected):
+                    if isinstance(err.__cause__, Rejected | HandshakeFailed):
                         raise err  # a refusal is an answer: this swarm will not have us
                     errors.append(err)
             raise errors[0]
@@ -297,12 +323,15 @@ class Peers:
 
     def _topology_changed(self) -> None:
         self._on_links_change()
-        log.info(
-            "node %s neighbours (%s): %s",
-            self.node_id[:8],
-            self.cfg.topology,
-            " ".join(sorted(j[:8] for j in self.neighbourhood.neighbours)),
-        )
+        mine = self.neighbourhood.neighbours
+        if mine != self._logged_neighbours:  # the topology is recomputed at every change
+            self._logged_neighbours = mine
+            log.info(
+                "node %s neighbours (%s): %s",
+                self.node_id[:8],
+                self.cfg.topology,
+                " ".join(sorted(j[:8] for j in mine)) or "none",
+            )
 
     def _open_link(self, peer: Member) -> PeerLink:
         link = PeerLink(

@@ -17,11 +17,13 @@ from gossip.refusals import REFUSALS, Reason
 
 __all__ = [
     "COUNTED_REASONS",
+    "LogLimiter",
     "Penalties",
     "PenaltyConfig",
     "RateConfig",
     "RateLimiter",
     "SystemClock",
+    "held_back",
 ]
 
 #: Refusals that say the message itself is bad (gossip/refusals.py). Gaps, stale sequence
@@ -148,3 +150,51 @@ class RateLimiter:
         if len(self._buckets) > self.cfg.max_tracked:
             self._buckets.popitem(last=False)
         return allowed
+
+
+class LogLimiter:
+    """Rate-limits log lines by key (the peer they are about): at most ``burst`` lines per key
+    per ``period_s``, so that a peer that keeps sending bad input cannot fill the log. A line
+    let through after others were held back says how many.
+
+    Usage::
+
+        if (held := limiter.allow(peer)) is not None:
+            log.warning("bad list from %s%s", peer, held_back(held))
+    """
+
+    def __init__(
+        self, clock: Clock, period_s: float = 60.0, burst: int = 3, max_tracked: int = 1024
+    ) -> None:
+        if period_s <= 0 or burst < 1 or max_tracked < 1:
+            raise ValueError("period_s must be positive, burst and max_tracked at least 1")
+        self.clock = clock
+        self.period_s = period_s
+        self.burst = burst
+        self.max_tracked = max_tracked
+        self._keys: OrderedDict[str, tuple[float, int, int]] = OrderedDict()  # start, lines, held
+        #: Lines held back in all.
+        self.held = 0
+
+    def allow(self, key: str) -> int | None:
+        """None when this line is to be held back; else how many were held back since the
+        last one let through for ``key``."""
+        now = self.clock.now()
+        start, lines, held = self._keys.pop(key, (now, 0, 0))
+        if now - start >= self.period_s:
+            start, lines = now, 0
+        if lines >= self.burst:
+            self._keys[key] = (start, lines, held + 1)
+            self.held += 1
+            result = None
+        else:
+            self._keys[key] = (start, lines + 1, 0)
+            result = held
+        while len(self._keys) > self.max_tracked:
+            self._keys.popitem(last=False)
+        return result
+
+
+def held_back(count: int) -> str:
+    """The suffix of a log line let through after ``count`` like it were held back."""
+    return f" ({count} more like it held back)" if count else ""

@@ -9,6 +9,9 @@ checked by node id, the hash of the public key in the certificate the peer prese
 
 from __future__ import annotations
 
+import json
+import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,7 +19,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from node.identity import KEY_FILE, load_key, load_or_create_identity, node_id_of, write_atomic
@@ -25,19 +28,33 @@ __all__ = [
     "CA_CERT_FILE",
     "CA_KEY_FILE",
     "CERT_FILE",
+    "ISSUED_FILE",
     "KEY_FILE",
     "TLS_NAME",
+    "CertificateExpired",
+    "CertificateRefused",
+    "NodeCertificates",
     "TlsFiles",
+    "check_node_certificate",
     "init_ca",
     "issue_node",
+    "issued_nodes",
     "load_tls",
     "node_id_of_cert",
+    "resolve_node_id",
 ]
 
 CERT_FILE = "node_cert.pem"
 CA_CERT_FILE = "ca_cert.pem"
 CA_KEY_FILE = "ca_key.pem"
+#: The nodes a CA issued certificates for (id, name, expiry), so that ``murmur ca revoke`` can
+#: take the short ids that logs print.
+ISSUED_FILE = "issued.json"
 TLS_NAME = "murmur"
+#: Fewer characters than this are too likely to name another node tomorrow.
+MIN_PREFIX = 4
+_HEX = re.compile(r"[0-9a-f]+")
+NODE_ID_LENGTH = 32
 
 # Certificates start this long before they are made, so a peer whose clock runs a little behind
 # does not find a fresh certificate "not yet valid".
@@ -207,7 +224,56 @@ def issue_node(
     )
     write_atomic(out_dir / CERT_FILE, _cert_pem(cert), mode=0o644)
     write_atomic(out_dir / CA_CERT_FILE, _cert_pem(ca_cert), mode=0o644)
+    issued = issued_nodes(ca_dir)
+    issued[identity.node_id] = {"name": name, "not_after": cert.not_valid_after_utc.isoformat()}
+    write_atomic(ca_dir / ISSUED_FILE, json.dumps(issued, indent=1, sort_keys=True).encode())
     return identity.node_id
+
+
+def issued_nodes(ca_dir: Path) -> dict[str, dict[str, str]]:
+    """The nodes the CA in ``ca_dir`` issued certificates for: node id -> name and expiry."""
+    path = ca_dir / ISSUED_FILE
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+        return {
+            str(k): {"name": str(v["name"]), "not_after": str(v["not_after"])}
+            for k, v in raw.items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{path} is damaged ({err}); it lists the ids this CA issued") from None
+
+
+def resolve_node_id(ca_dir: Path, given: str) -> str:
+    """The full node id that ``given`` means: a full id (32 hex characters) as it is, or a
+    prefix of exactly one id this CA issued (the 8 or 12 characters that logs print).
+
+    Raises:
+        ValueError: ``given`` is no id nor prefix of one, or a prefix of none or several.
+    """
+    text = given.strip().lower()
+    if not _HEX.fullmatch(text) or len(text) > NODE_ID_LENGTH:
+        raise ValueError(
+            f"{given!r} is not a node id: those are {NODE_ID_LENGTH} hex characters "
+            "(or the first few of one, as logs print them)"
+        )
+    if len(text) == NODE_ID_LENGTH:
+        return text
+    if len(text) < MIN_PREFIX:
+        raise ValueError(f"{given!r} is too short: give at least {MIN_PREFIX} characters of the id")
+    issued = issued_nodes(ca_dir)
+    matches = sorted(i for i in issued if i.startswith(text))
+    if not matches:
+        raise ValueError(
+            f"no node that {ca_dir} issued a certificate for has an id starting with {text} "
+            f"({len(issued)} issued, listed in {ca_dir / ISSUED_FILE}); a full id of "
+            f"{NODE_ID_LENGTH} characters is taken as it is"
+        )
+    if len(matches) > 1:
+        named = ", ".join(f"{i} ({issued[i]['name']})" for i in matches)
+        raise ValueError(f"{text} starts several issued ids: {named}; give more characters")
+    return matches[0]
 
 
 def _spki(public_key: object) -> bytes:
@@ -301,3 +367,133 @@ def _dns_names(cert: x509.Certificate) -> list[str]:
     except x509.ExtensionNotFound:
         return []
     return san.get_values_for_type(x509.DNSName)
+
+
+class CertificateRefused(ValueError):
+    """A certificate that is no node's certificate of this swarm; the message says why."""
+
+
+class CertificateExpired(CertificateRefused):
+    """A node certificate of this swarm, but not valid at the time asked (clocks differ a
+    little between machines, so an honest peer may still take it)."""
+
+
+def describe_key(public_key: object) -> str:
+    """A key's kind as people name it: "ECDSA P-256", "RSA-2048", "Ed25519"."""
+    if isinstance(public_key, ec.EllipticCurvePublicKey):
+        return f"ECDSA {public_key.curve.name.replace('secp', 'P-').removesuffix('r1')}"
+    if isinstance(public_key, rsa.RSAPublicKey):
+        return f"RSA-{public_key.key_size}"
+    return type(public_key).__name__.removeprefix("_").removesuffix("PublicKey") or "unknown"
+
+
+def check_node_certificate(
+    cert: x509.Certificate, ca: x509.Certificate, now: datetime | None = None
+) -> str:
+    """The node id ``cert`` certifies, if it is a node certificate of the swarm ``ca`` made:
+    an ECDSA P-256 key, not a CA (CA:FALSE, no certificate signing: a CA under the swarm's CA
+    cannot admit nodes of its own), issued by ``ca`` itself, and, when ``now`` is given, valid
+    then.
+
+    Raises:
+        CertificateRefused: naming the first of those that does not hold.
+    """
+    key = cert.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
+        raise CertificateRefused(
+            f"its key is {describe_key(key)}; a node certificate holds an ECDSA P-256 key "
+            "(`murmur ca issue` makes one)"
+        )
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    try:
+        signs = cert.extensions.get_extension_for_class(x509.KeyUsage).value.key_cert_sign
+    except x509.ExtensionNotFound:
+        signs = False
+    if is_ca or signs:
+        raise CertificateRefused(
+            "it is a CA certificate (CA:TRUE or certificate signing), not a node's; only the "
+            "swarm's CA itself admits nodes"
+        )
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise CertificateRefused(
+            f"it was not issued by the swarm's CA itself (issuer {cert.issuer.rfc4514_string()!r})"
+        ) from None
+    if now is not None:
+        if now < cert.not_valid_before_utc:
+            raise CertificateRefused(f"it is not valid before {cert.not_valid_before_utc:%Y-%m-%d}")
+        if now > cert.not_valid_after_utc:
+            raise CertificateRefused(f"it expired at {cert.not_valid_after_utc:%Y-%m-%d %H:%M}")
+    return node_id_of(key)
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    node_id: str  # empty when refused
+    refusal: str
+    not_before: datetime
+    not_after: datetime
+
+
+class NodeCertificates:
+    """Verdicts on certificates (PEM or DER) against the swarm's CA, each reached once: parsing
+    and checking a signature cost far more than a look-up, and the same certificates come back
+    on every call and every gossiped record. Validity is checked against the time at each use.
+
+    Args:
+        ca_pem: the swarm CA's certificate.
+        cache: verdicts kept (the least recently used forgotten first).
+    """
+
+    def __init__(self, ca_pem: bytes, cache: int = 4096) -> None:
+        self.ca = x509.load_pem_x509_certificate(ca_pem)
+        self._cache = cache
+        self._verdicts: OrderedDict[bytes, _Verdict] = OrderedDict()
+        #: Certificates parsed and checked (not answered from the cache).
+        self.checked = 0
+
+    def cached(self, cert: bytes) -> bool:
+        return cert in self._verdicts
+
+    def node_id(self, cert: bytes, now: datetime | None = None) -> str:
+        """The node id ``cert`` certifies now.
+
+        Raises:
+            CertificateRefused: it does not parse, is not a node certificate of this swarm (see
+                :func:`check_node_certificate`), or is not valid at ``now`` (default: now).
+        """
+        verdict = self._verdicts.get(cert)
+        if verdict is None:
+            verdict = self._judge(cert)
+            self._verdicts[cert] = verdict
+            if len(self._verdicts) > self._cache:
+                self._verdicts.popitem(last=False)
+        else:
+            self._verdicts.move_to_end(cert)
+        if verdict.refusal:
+            raise CertificateRefused(verdict.refusal)
+        at = now if now is not None else datetime.now(UTC)
+        if at < verdict.not_before:
+            raise CertificateExpired(f"it is not valid before {verdict.not_before:%Y-%m-%d}")
+        if at > verdict.not_after:
+            raise CertificateExpired(f"it expired at {verdict.not_after:%Y-%m-%d %H:%M}")
+        return verdict.node_id
+
+    def _judge(self, data: bytes) -> _Verdict:
+        self.checked += 1
+        never = datetime.min.replace(tzinfo=UTC)
+        try:
+            if data.startswith(b"-----BEGIN"):
+                cert = x509.load_pem_x509_certificate(data)
+            else:
+                cert = x509.load_der_x509_certificate(data)
+            node_id = check_node_certificate(cert, self.ca)
+        except CertificateRefused as err:
+            return _Verdict("", str(err), never, never)
+        except ValueError:
+            return _Verdict("", "it is not an X.509 certificate", never, never)
+        return _Verdict(node_id, "", cert.not_valid_before_utc, cert.not_valid_after_utc)

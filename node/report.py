@@ -14,9 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import SafetensorError
-
-from node.checkpoint import CHECKPOINT_FILE, Checkpoint, load_checkpoint
+from node.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, load_checkpoint
 from node.evaluation import distances_to_average, parameter_names
 from node.history import EvalPoint, NodeHistory, read_history
 from node.node import METRICS_FILE
@@ -28,6 +26,7 @@ __all__ = [
     "FinalDistances",
     "default_out_dir",
     "final_distances",
+    "run_metric",
     "write_report",
 ]
 
@@ -97,9 +96,14 @@ def _read(state_dirs: Sequence[Path]) -> tuple[list[NodeHistory], list[str]]:
             continue
         try:
             histories.append(read_history(state_dir))
-        except (ValueError, KeyError, TypeError) as err:
-            skipped.append(f"skipped `{state_dir}`: unreadable {METRICS_FILE} ({err!r})")
+        except (ValueError, OSError) as err:  # bad lines are skipped; this is a whole bad log
+            skipped.append(f"skipped `{state_dir}`: {_short(err)}")
     return histories, skipped
+
+
+def _short(err: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _checkpoints(histories: Sequence[NodeHistory]) -> tuple[dict[Path, Checkpoint], list[str]]:
@@ -110,8 +114,8 @@ def _checkpoints(histories: Sequence[NodeHistory]) -> tuple[dict[Path, Checkpoin
             continue
         try:
             found[h.state_dir] = load_checkpoint(path)
-        except (OSError, ValueError, KeyError, SafetensorError) as err:
-            notes.append(f"unreadable checkpoint `{path}` ({err}): left out")
+        except CheckpointError as err:
+            notes.append(f"unusable checkpoint `{path}` ({err.cause}): left out")
     return found, notes
 
 
@@ -119,9 +123,37 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None or math.isnan(x) else format(x, spec)
 
 
-def _row(h: NodeHistory, ckpt: Checkpoint | None, distance: float | None, dist: bool) -> str:
+def _perplexity(loss: float | None) -> float | None:
+    return None if loss is None or math.isnan(loss) else math.exp(min(loss, 700.0))
+
+
+def _judged(metric: str) -> list[str]:
+    """The columns that say how good a node's model is, by the task's metric."""
+    if metric == "accuracy":
+        return ["last eval loss", "last eval accuracy", "best eval accuracy"]
+    if metric == "perplexity":
+        return ["last eval loss", "last eval perplexity", "best eval loss"]
+    return ["last eval loss", "best eval loss"]
+
+
+def _judged_cells(h: NodeHistory, metric: str) -> list[str]:
     evals = h.evals
     last = evals[-1] if evals else None
+    cells = [_fmt(last.loss if last else None, ".4f")]
+    if metric == "accuracy":
+        cells.append(_fmt(last.accuracy if last else None, ".4f"))
+        cells.append(_fmt(max(e.accuracy for e in evals) if evals else None, ".4f"))
+        return cells
+    if metric == "perplexity":
+        cells.append(_fmt(_perplexity(last.loss) if last else None, ".3f"))
+    finite = [e.loss for e in evals if not math.isnan(e.loss)]
+    cells.append(_fmt(min(finite) if finite else None, ".4f"))
+    return cells
+
+
+def _row(
+    h: NodeHistory, ckpt: Checkpoint | None, distance: float | None, dist: bool, metric: str
+) -> str:
     shard = ckpt.meta.get("shard") if ckpt else None
     ratio = h.bytes_sent / h.bytes_sent_fp32 if h.bytes_sent_fp32 else None
     cells = [
@@ -129,9 +161,7 @@ def _row(h: NodeHistory, ckpt: Checkpoint | None, distance: float | None, dist: 
         h.state_dir.name,
         f"{shard[0]}/{shard[1]}" if isinstance(shard, list) and len(shard) == 2 else "-",
         str(h.step) if h.step >= 0 else "-",
-        _fmt(last.loss if last else None, ".4f"),
-        _fmt(last.accuracy if last else None, ".4f"),
-        _fmt(max(e.accuracy for e in evals) if evals else None, ".4f"),
+        *_judged_cells(h, metric),
         str(h.rounds),
         f"{h.bytes_sent / 2**20:.2f} MiB",
         "-" if ratio is None else f"{100 * ratio:.1f}%",
@@ -147,9 +177,10 @@ def _row(h: NodeHistory, ckpt: Checkpoint | None, distance: float | None, dist: 
 TIMELINE_ROWS = 10
 
 
-def _at(h: NodeHistory, t: float) -> str:
-    """The node's last evaluation at or before ``t`` as "accuracy / distance"; "down" between a
-    life that ended (a crash or a stop) and the next one."""
+def _at(h: NodeHistory, t: float, metric: str = "accuracy") -> str:
+    """The node's last evaluation at or before ``t`` as "accuracy / distance" (eval loss for a
+    task judged by its loss); "down" between a life that ended (a crash or a stop) and the next
+    one."""
     for k in range(len(h.sessions) - 1, -1, -1):
         session = h.sessions[k]
         if session.started > t:
@@ -161,11 +192,14 @@ def _at(h: NodeHistory, t: float) -> str:
             return "-"
         e = evals[-1]
         distance = "-" if e.distance_rms < 0 else f"{e.distance_rms:.1e}"
-        return f"{e.accuracy:.3f} / {distance}"
+        value = e.accuracy if metric == "accuracy" else e.loss
+        return f"{_fmt(value, '.3f')} / {distance}"
     return "-"
 
 
-def _timeline(histories: Sequence[NodeHistory], t0: float, t_end: float) -> list[str]:
+def _timeline(
+    histories: Sequence[NodeHistory], t0: float, t_end: float, metric: str = "accuracy"
+) -> list[str]:
     """Every node's accuracy and distance to its neighbours at evenly spaced moments of the run:
     the plots' numbers, for reading and diffing."""
     times = [t0 + (t_end - t0) * (k + 1) / TIMELINE_ROWS for k in range(TIMELINE_ROWS)]
@@ -174,7 +208,7 @@ def _timeline(histories: Sequence[NodeHistory], t0: float, t_end: float) -> list
         "|---:|" + "---:|" * len(histories),
     ]
     for t in times:
-        lines.append(f"| {t - t0:.0f} | " + " | ".join(_at(h, t) for h in histories) + " |")
+        lines.append(f"| {t - t0:.0f} | " + " | ".join(_at(h, t, metric) for h in histories) + " |")
     return lines
 
 
@@ -187,14 +221,13 @@ def _markdown(
     t0 = min(h.first_time for h in histories)
     t_end = max(h.last_time for h in histories)
     began = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t0))
+    metric = run_metric(histories)
     header = [
         "node",
         "dir",
         "shard",
         "steps",
-        "last eval loss",
-        "last eval accuracy",
-        "best accuracy",
+        *_judged(metric),
         "rounds",
         "sent",
         "vs fp32",
@@ -213,15 +246,20 @@ def _markdown(
     ]
     for h in histories:
         distance = distances.rms.get(h.state_dir) if distances else None
-        lines.append(_row(h, checkpoints.get(h.state_dir), distance, distances is not None))
+        lines.append(_row(h, checkpoints.get(h.state_dir), distance, distances is not None, metric))
+    judged = "accuracy" if metric == "accuracy" else "loss"
     lines += [
         "",
-        "- last eval loss and accuracy: the last evaluation in the node's metrics log, on the "
-        "task's eval data. Nodes evaluate while they train, so this is the model when its step "
-        "budget ran out, before the gossip rounds after it; best accuracy: its best evaluation. "
+        f"- last eval loss and {metric}: the last evaluation in the node's metrics log, on the "
+        "task's eval data. A node evaluates while it trains and, once its step budget is spent, "
+        "every few seconds while gossip still mixes its model (`--idle-eval-interval`), so "
+        f"this is its model at the end of the log; best {judged}: its best evaluation. "
         "Rounds and bytes sent are summed over restarts (a restarted node counts from zero "
         "again); steps are not, since it resumes.",
     ]
+    if metric == "perplexity":
+        lines.append("- perplexity: exp(eval loss), the loss being the mean cross-entropy in nats.")
+    lines += _target_lines(histories, t0, metric)
     if distances is not None:
         lines.append(
             f"- distance to average: RMS over the parameters of x_i - x̄, where x̄ is the "
@@ -230,16 +268,11 @@ def _markdown(
             f"{distances.mean_squared:.3e}."
         )
     lines += [f"- {note}" for note in notes]
+    lines += ["", "## Loss", "", f"![eval loss per node]({PLOTS_DIR}/loss.png)", ""]
+    if metric in ("accuracy", "perplexity"):
+        title = metric.capitalize()
+        lines += [f"## {title}", "", f"![eval {metric} per node]({PLOTS_DIR}/{metric}.png)", ""]
     lines += [
-        "",
-        "## Loss",
-        "",
-        f"![eval loss per node]({PLOTS_DIR}/loss.png)",
-        "",
-        "## Accuracy",
-        "",
-        f"![eval accuracy per node]({PLOTS_DIR}/accuracy.png)",
-        "",
         "## Distance to the neighbours",
         "",
         DISTANCE_NOTE,
@@ -248,18 +281,48 @@ def _markdown(
         "",
         "## Over time",
         "",
-        "Each node's last evaluation at that moment: accuracy / distance to the neighbours (as "
-        "plotted above); `down` while a node that restarted later was not running, `-` before "
-        "its first evaluation.",
+        f"Each node's last evaluation at that moment: {judged.replace('loss', 'eval loss')}"
+        " / distance to the neighbours (as plotted above); `down` while a node that restarted "
+        "later was not running, `-` before its first evaluation.",
         "",
-        *_timeline(histories, t0, t_end),
+        *_timeline(histories, t0, t_end, metric),
     ]
     return "\n".join(lines) + "\n"
 
 
+def run_metric(histories: Sequence[NodeHistory]) -> str:
+    """What the run's task is judged by, as its nodes' logs say (the first node's, should they
+    disagree: a swarm trains one task)."""
+    return histories[0].metric if histories else "accuracy"
+
+
+def _target_lines(histories: Sequence[NodeHistory], t0: float, metric: str) -> list[str]:
+    """When each node's own evaluation first met the task's target, if it declares one."""
+    target = histories[0].target
+    if target is None:
+        return []
+    better = ">=" if metric == "accuracy" else "<="
+
+    def reached(e: EvalPoint) -> bool:
+        value = e.accuracy if metric == "accuracy" else e.loss
+        return value >= target if metric == "accuracy" else value <= target
+
+    times = [next((e.time - t0 for e in h.evals if reached(e)), None) for h in histories]
+    got = [t for t in times if t is not None]
+    what = "accuracy" if metric == "accuracy" else "eval loss"
+    if not got:
+        return [f"- target ({what} {better} {target:g}): no node reached it"]
+    worst = f"the last at {max(got):.0f} s" if len(got) == len(times) else "not all did"
+    return [
+        f"- target ({what} {better} {target:g}): {len(got)} of {len(times)} nodes reached it; "
+        f"the first at {min(got):.0f} s, {worst} (seconds since the run's first record)"
+    ]
+
+
 def write_report(state_dirs: Sequence[Path], out_dir: Path) -> Path:
     """Plot the run's history and summarise it: ``out_dir/run-report.md``, with
-    ``plots/loss.png``, ``plots/accuracy.png`` and ``plots/distance.png`` beside it.
+    ``plots/loss.png``, ``plots/distance.png`` and, by the task's metric, ``plots/accuracy.png``
+    or ``plots/perplexity.png`` beside it.
 
     State dirs without a metrics log are skipped, with a line in the report saying so.
 
@@ -293,9 +356,21 @@ def write_report(state_dirs: Sequence[Path], out_dir: Path) -> Path:
         return e.distance_rms if e.distance_rms >= 0 else None
 
     plot_metric(histories, t0, lambda e: e.loss, plots / "loss.png", "Eval loss", "loss", True)
-    plot_metric(
-        histories, t0, lambda e: e.accuracy, plots / "accuracy.png", "Eval accuracy", "accuracy"
-    )
+    metric = run_metric(histories)
+    if metric == "accuracy":
+        plot_metric(
+            histories, t0, lambda e: e.accuracy, plots / "accuracy.png", "Eval accuracy", metric
+        )
+    elif metric == "perplexity":
+        plot_metric(
+            histories,
+            t0,
+            lambda e: _perplexity(e.loss),
+            plots / "perplexity.png",
+            "Eval perplexity (exp of the eval loss)",
+            metric,
+            True,
+        )
     plot_metric(
         histories,
         t0,

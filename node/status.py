@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from gossip.swim import MemberRecord, Status
+from node.progress import fmt_size
 
-__all__ = ["NeighbourStatus", "NodeStatus", "format_status", "status_to_json"]
+__all__ = [
+    "MAX_STATUS_MEMBERS",
+    "NeighbourStatus",
+    "NodeStatus",
+    "eval_summary",
+    "finite",
+    "format_status",
+    "format_summary",
+    "status_to_json",
+    "summarise_members",
+]
+
+#: Members a status names; the rest are only counted, so that a Status answer, a scrape and an
+#: MQTT message stay small however many members a node knows.
+MAX_STATUS_MEMBERS = 64
 
 
 @dataclass(frozen=True)
@@ -34,17 +53,36 @@ class NodeStatus:
     step: int
     step_budget: int  # 0: no budget
     training_done: bool
-    loss: float
-    accuracy: float  # -1 before the first evaluation
+    #: Training loss, smoothed over about the last ten steps (NaN before the first step).
+    train_loss: float
+    #: Accuracy on the task's eval data at the last evaluation (-1 before the first).
+    eval_accuracy: float
     rounds: int
     bytes_sent: int
     bytes_sent_fp32: int
     bytes_received: int
     samples_per_s: float
     samples: int = 0
+    #: Loss on the task's eval data at the last evaluation (NaN before the first).
+    eval_loss: float = math.nan
+    #: The step of the model that evaluation saw (-1 before the first).
+    eval_step: int = -1
+    #: Seconds since that evaluation, when the status was made (-1 before the first).
+    eval_age_s: float = -1.0
     neighbours: tuple[NeighbourStatus, ...] = ()
-    members: tuple[MemberRecord, ...] = ()  # everyone this node knows of, the dead included
+    #: The first members this node knows of (itself, the live, then the dead and departed),
+    #: at most MAX_STATUS_MEMBERS.
+    members: tuple[MemberRecord, ...] = ()
     rejected: dict[str, int] = field(default_factory=dict)
+    #: Every member this node knows of, by status ("alive", "suspect", "dead", "left").
+    member_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def live_members(self) -> int:
+        """Alive and suspect members, counted (itself included)."""
+        if self.member_counts:
+            return self.member_counts.get("alive", 0) + self.member_counts.get("suspect", 0)
+        return sum(m.live for m in self.members)
 
     @property
     def compression_ratio(self) -> float:
@@ -52,31 +90,63 @@ class NodeStatus:
         return self.bytes_sent / self.bytes_sent_fp32 if self.bytes_sent_fp32 else 1.0
 
 
+def summarise_members(
+    records: Iterable[MemberRecord], me: str, limit: int = MAX_STATUS_MEMBERS
+) -> tuple[tuple[MemberRecord, ...], dict[str, int]]:
+    """The members a status names (``me`` first, then the live, then the others, each by id; at
+    most ``limit``) and every member counted by status."""
+    everyone = list(records)
+    counts = Counter(str(r.status) for r in everyone)
+    order = sorted(everyone, key=lambda r: (r.node_id != me, not r.live, r.node_id))
+    return tuple(order[:limit]), {str(s): counts.get(str(s), 0) for s in Status}
+
+
+def finite(value: Any) -> Any:
+    """``value`` with NaN and infinities replaced by None, all the way down: JSON has no such
+    numbers, and strict parsers refuse the bare ``NaN`` that Python would write."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
 def status_to_json(status: NodeStatus) -> str:
+    """The status as strict JSON (what ``murmur status --json`` prints): the dataclass's
+    fields, with numbers that are not finite (a loss before the first step) as ``null``."""
     data = asdict(status)
-    for member in data["members"]:  # keys and signatures are for nodes, not for readers
-        del member["public_key"], member["signature"]
-    return json.dumps(data, indent=2, sort_keys=True)
+    for member in data["members"]:  # keys and signatures (bytes) are for nodes, not readers
+        for key in [k for k, v in member.items() if isinstance(v, bytes)]:
+            del member[key]
+    return json.dumps(finite(data), indent=2, sort_keys=True, allow_nan=False)
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+def _fmt(x: float, spec: str) -> str:
+    return format(x, spec) if math.isfinite(x) else "-"
+
+
+def eval_summary(s: NodeStatus) -> str:
+    """``eval_loss L eval_accuracy A (step N, T s ago)``, or that there was none yet."""
+    if s.eval_step < 0:
+        return "eval: none yet"
+    return (
+        f"eval_loss {_fmt(s.eval_loss, '.4f')}  eval_accuracy {s.eval_accuracy:.4f} "
+        f"(step {s.eval_step}, {s.eval_age_s:.0f} s ago)"
+    )
 
 
 def format_status(s: NodeStatus) -> str:
     """A readable multi-line table of one node's view."""
     budget = f"/{s.step_budget}" if s.step_budget else ""
-    acc = f"{s.accuracy:.3f}" if s.accuracy >= 0 else "-"
     lines = [
         f"node {s.node_id[:12]} at {s.address} ({s.device}, codec {s.codec})",
-        f"  step {s.step}{budget}{' (done)' if s.training_done else ''}  loss {s.loss:.4f}  "
-        f"accuracy {acc}  {s.samples_per_s:.0f} samples/s  rounds {s.rounds}",
-        f"  sent {_fmt_bytes(s.bytes_sent)} ({100 * s.compression_ratio:.1f}% of fp32)  "
-        f"received {_fmt_bytes(s.bytes_received)}",
+        f"  step {s.step}{budget}{' (done)' if s.training_done else ''}  "
+        f"{s.samples_per_s:.0f} samples/s  rounds {s.rounds}",
+        f"  train_loss {_fmt(s.train_loss, '.4f')}  {eval_summary(s)}",
+        f"  sent {fmt_size(s.bytes_sent)} ({100 * s.compression_ratio:.1f}% of fp32)  "
+        f"received {fmt_size(s.bytes_received)}",
     ]
     if s.rejected:
         lines.append("  rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(s.rejected.items())))
@@ -90,11 +160,44 @@ def format_status(s: NodeStatus) -> str:
         dist = f"{n.distance_rms:.2e}" if n.distance_rms >= 0 else "-"
         lines.append(
             f"    {n.node_id[:12]:12} {n.address:21} {n.replica_seq:>6} {silent:>7} "
-            f"{'yes' if n.in_mix else 'no':>3} {dist:>9} {_fmt_bytes(n.bytes_sent):>10}"
+            f"{'yes' if n.in_mix else 'no':>3} {dist:>9} {fmt_size(n.bytes_sent):>10}"
         )
-    live = [m for m in s.members if m.live]
-    lines.append(f"  members ({len(live)} live):")
+    lines.append(f"  members ({s.live_members} live):")
     for m in s.members:
         mark = "" if m.status is Status.ALIVE else f" ({m.status})"
         lines.append(f"    {m.node_id[:12]:12} {m.address:21} incarnation {m.incarnation}{mark}")
+    known = sum(s.member_counts.values())
+    if known > len(s.members):
+        lines.append(f"    ... and {known - len(s.members)} more")
     return "\n".join(lines)
+
+
+def format_summary(s: NodeStatus, before: NodeStatus | None, elapsed_s: float) -> str:
+    """The node's one-line summary for its log: progress, rates over the last ``elapsed_s``
+    seconds (since ``before``, the status of the previous summary; None: since the start), the
+    mix and the last evaluation, each figure labelled as ``murmur status`` labels it."""
+
+    def rate(now: float, then: float) -> float:
+        return max(0.0, now - then) / elapsed_s if elapsed_s > 0 else 0.0
+
+    b = before
+    budget = f"/{s.step_budget}" if s.step_budget else ""
+    done = " (done)" if s.training_done else ""
+    mixing = sum(n.in_mix for n in s.neighbours)
+    parts = [
+        f"node {s.node_id[:8]} step {s.step}{budget}{done}",
+        f"{rate(s.samples, b.samples if b else 0):.0f} samples/s",
+        f"rounds {s.rounds} ({rate(s.rounds, b.rounds if b else 0):.1f}/s)",
+        f"sent {fmt_size(rate(s.bytes_sent, b.bytes_sent if b else 0))}/s",
+        f"received {fmt_size(rate(s.bytes_received, b.bytes_received if b else 0))}/s",
+        f"mix {mixing}/{len(s.neighbours)} neighbours",
+        f"train_loss {_fmt(s.train_loss, '.4f')}",
+    ]
+    if s.eval_step < 0:
+        parts.append("no eval yet")
+    else:
+        parts.append(
+            f"eval_loss {_fmt(s.eval_loss, '.4f')} eval_accuracy {s.eval_accuracy:.4f} "
+            f"(step {s.eval_step})"
+        )
+    return ", ".join(parts)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -28,10 +29,18 @@ from node.evaluation import RunReport, evaluate_run, train_reference
 from node.pki import CA_CERT_FILE, TlsFiles, init_ca, issue_node, load_tls
 from node.report import write_report
 from node.status import NodeStatus
+from node.swarm_view import LiveView, progress_view
 from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
-__all__ = ["NodeProcess", "SwarmConfig", "SwarmError", "node_argv", "provision", "run_swarm"]
+__all__ = [
+    "NodeProcess",
+    "SwarmConfig",
+    "SwarmError",
+    "node_argv",
+    "provision",
+    "run_swarm",
+]
 
 
 class SwarmError(RuntimeError):
@@ -192,6 +201,8 @@ def node_argv(
         g.codec,
         "--block-size",
         str(g.block_size),
+        "--compress-fraction",
+        str(g.compress_fraction),
         "--local-steps",
         str(g.local_steps),
     ]
@@ -230,50 +241,6 @@ def provision(cfg: SwarmConfig, workdir: Path, state_dirs: list[Path]) -> TlsFil
     return load_tls(workdir / "runner")
 
 
-def _progress_table(cfg: SwarmConfig, statuses: list[NodeStatus | None], elapsed: float) -> str:
-    g = cfg.gossip
-    lines = [
-        f"murmur swarm: {cfg.nodes} nodes, {g.topology}, {g.codec}, {cfg.steps} steps each"
-        f"  [{elapsed:5.1f} s]",
-        f"  {'node':8} {'step':>11} {'loss':>7} {'acc':>6} {'mix':>5} {'sent':>10} {'vs fp32':>8}",
-    ]
-    for s in statuses:
-        if s is None:
-            lines.append("  (no answer)")
-            continue
-        acc = f"{s.accuracy:.3f}" if s.accuracy >= 0 else "-"
-        mixing = sum(n.in_mix for n in s.neighbours)
-        lines.append(
-            f"  {s.node_id[:8]} {f'{s.step}/{s.step_budget}':>11} {s.loss:7.4f} {acc:>6} "
-            f"{f'{mixing}/{len(s.neighbours)}':>5} {s.bytes_sent / 2**20:7.2f} MiB "
-            f"{100 * s.compression_ratio:7.1f}%"
-        )
-    return "\n".join(lines)
-
-
-class _Progress:
-    """Redraws the table in place on a terminal; prints it now and then otherwise."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.tty = sys.stdout.isatty()
-        self._lines = 0
-        self._last = 0.0
-
-    def show(self, text: str, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not self.tty and not force and now - self._last < 5.0:
-            return
-        self._last = now
-        if self.tty and self._lines:
-            sys.stdout.write(f"\x1b[{self._lines}F\x1b[J")
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-        self._lines = text.count("\n") + 1
-
-
 async def _poll(transport: GrpcTransport, procs: list[NodeProcess]) -> list[NodeStatus | None]:
     async def one(p: NodeProcess) -> NodeStatus | None:
         try:
@@ -286,7 +253,16 @@ async def _poll(transport: GrpcTransport, procs: list[NodeProcess]) -> list[Node
 
 async def _supervise(cfg: SwarmConfig, procs: list[NodeProcess], transport: GrpcTransport) -> None:
     """Show progress until every node has trained and settled, or the duration is up."""
-    progress = _Progress(cfg.progress)
+    progress = LiveView(cfg.progress)
+    try:
+        await _watch(cfg, procs, transport, progress)
+    finally:
+        progress.close()
+
+
+async def _watch(
+    cfg: SwarmConfig, procs: list[NodeProcess], transport: GrpcTransport, progress: LiveView
+) -> None:
     started = time.monotonic()
     settle_from: dict[str, int] | None = None
     while True:
@@ -306,7 +282,7 @@ async def _supervise(cfg: SwarmConfig, procs: list[NodeProcess], transport: Grpc
                 settle_from = rounds
             finished = all(rounds[i] >= settle_from[i] + cfg.settle_rounds for i in rounds)
         finished = finished or (cfg.duration_s is not None and elapsed >= cfg.duration_s)
-        progress.show(_progress_table(cfg, statuses, elapsed), force=finished)
+        progress.show(progress_view(cfg, statuses, elapsed), force=finished)
         if finished:
             return
         await asyncio.sleep(cfg.progress_interval_s)
@@ -387,12 +363,7 @@ def _judge(cfg: SwarmConfig, state_dirs: list[Path]) -> RunReport:
     if not cfg.baseline:
         return report
     steps = sum(r.steps for r in report.nodes)  # same batch size: same number of samples
-    accuracy = train_reference(cfg.task, cfg.seed, steps, cfg.device)
-    return RunReport(
-        report.nodes,
-        report.averaged_loss,
-        report.averaged_accuracy,
-        report.consensus_distance,
-        accuracy,
-        steps,
+    loss, accuracy = train_reference(cfg.task, cfg.seed, steps, cfg.device)
+    return dataclasses.replace(
+        report, reference_accuracy=accuracy, reference_steps=steps, reference_loss=loss
     )

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from node.tasks.base import Task, evaluate
+from node.tasks.base import Task, evaluate_task
 
-__all__ = ["EvalResult", "Trainer", "TrainerConfig", "batches", "train_step"]
+__all__ = [
+    "Diverged",
+    "EvalResult",
+    "Rollback",
+    "Trainer",
+    "TrainerConfig",
+    "batches",
+    "train_step",
+]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +42,15 @@ class TrainerConfig:
     slowdown: make each step this many times as long as it naturally takes (its compute time,
         or ``step_time`` when that is longer), by waiting after it (>= 1; emulates a slow device
         in tests, benchmarks and the testbed).
+    rollback_every: keep an in-memory copy of the model and optimizer every this many steps
+        whose loss was finite; a loss that turns non-finite rolls back to the last one.
+    max_rollbacks: rollbacks in a row (with no new finite copy between them) before the
+        trainer gives up with :class:`Diverged`.
+    idle_eval_interval_s: once the step budget is spent, evaluate at most this often (and at
+        most a tenth of the time, for a model whose evaluation is slow), so that the accuracy a
+        node reports follows its model as gossip keeps mixing it; the trainer's thread then
+        runs until :meth:`Trainer.request_stop`. None: the thread ends with the budget (a
+        trainer alone, whose model nothing else moves).
     """
 
     steps: int | None = None
@@ -38,23 +58,97 @@ class TrainerConfig:
     seed: int = 0
     step_time: float = 0.0
     slowdown: float = 1.0
+    rollback_every: int = 50  # a rollback loses at most this many steps; a copy costs ~1 step
+    max_rollbacks: int = 3  # a model that diverges again at once is not healed by retrying
+    # A status goes out every 2 s (MQTT) and a summary line every 10 s: a fresh figure for
+    # every few of them is enough; one evaluation of digits takes ~0.2 ms (median, 1 thread).
+    idle_eval_interval_s: float | None = 5.0
 
     def __post_init__(self) -> None:
+        if self.idle_eval_interval_s is not None and not self.idle_eval_interval_s > 0:
+            raise ValueError(
+                f"idle_eval_interval_s must be positive, got {self.idle_eval_interval_s}"
+            )
         if self.slowdown < 1:
             raise ValueError(f"slowdown must be at least 1, got {self.slowdown}")
         if self.step_time < 0:
             raise ValueError(f"step_time must not be negative, got {self.step_time}")
+        if self.rollback_every < 1:
+            raise ValueError(f"rollback_every must be at least 1, got {self.rollback_every}")
+        if self.max_rollbacks < 0:
+            raise ValueError(f"max_rollbacks must not be negative, got {self.max_rollbacks}")
+
+    def idle_eval_wait(self, eval_s: float) -> float:
+        """Seconds to wait, after the budget, after an evaluation that took ``eval_s``: the
+        interval, or longer for a model so big that its evaluation would take more than
+        :data:`IDLE_EVAL_SHARE` of the time."""
+        interval = self.idle_eval_interval_s or 0.0
+        return max(interval, eval_s * (1 - IDLE_EVAL_SHARE) / IDLE_EVAL_SHARE)
 
     def wait_after(self, compute_s: float) -> float:
         """Seconds to wait after a step that computed for ``compute_s``."""
         return max(compute_s, self.step_time) * self.slowdown - compute_s
 
 
+#: After the budget, an evaluation takes at most this share of the time (its wait grows to
+#: ``(1 - share) / share`` times its own duration), whatever ``idle_eval_interval_s`` says.
+IDLE_EVAL_SHARE = 0.1
+
+
 @dataclass(frozen=True)
 class EvalResult:
+    """One evaluation on the task's eval data.
+
+    Args:
+        step: the step of the model it saw.
+        loss: mean loss on the eval data.
+        accuracy: top-1 accuracy on the eval data.
+        time: ``time.monotonic()`` when it ended.
+        after_budget: made after the step budget was spent (the model then moves by gossip
+            alone).
+    """
+
     step: int
     loss: float
     accuracy: float
+    time: float = 0.0
+    after_budget: bool = False
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """The training loss turned non-finite at ``step``; the model and optimizer went back to
+    those of ``to_step`` (the step counter goes on: it counts the steps taken)."""
+
+    step: int
+    to_step: int
+    loss: float
+    #: Rollbacks in a row, this one included (reset once a new finite copy is kept).
+    in_a_row: int
+
+
+class Diverged(FloatingPointError):
+    """Training diverged and there was no finite state to go back to, or going back kept
+    failing: the node stops, and keeps its last finite checkpoint."""
+
+
+@dataclass(frozen=True)
+class _FiniteState:
+    """An in-memory copy of the model (parameters and buffers) and the optimizer, on the CPU."""
+
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+
+
+def _cpu_copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _cpu_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_cpu_copy(v) for v in value)
+    return copy.deepcopy(value)
 
 
 def batches(task: Task, device: torch.device, seed: int) -> Iterator[tuple[torch.Tensor, ...]]:
@@ -77,9 +171,14 @@ def batches(task: Task, device: torch.device, seed: int) -> Iterator[tuple[torch
 
 
 def train_step(
-    task: Task, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor
+    task: Task,
+    optimizer: torch.optim.Optimizer,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    schedule: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> float:
-    """One local SGD step of ``task.model`` on a batch; returns the batch's loss.
+    """One local SGD step of ``task.model`` on a batch, then one step of the learning-rate
+    schedule, if any; returns the batch's loss.
 
     The daemon's trainer thread and the simulator (node/sim) both step with this.
     """
@@ -87,6 +186,8 @@ def train_step(
     loss = task.loss(task.model(inputs), targets)
     loss.backward()  # type: ignore[no-untyped-call]
     optimizer.step()
+    if schedule is not None:
+        schedule.step()
     return float(loss.detach())
 
 
@@ -104,8 +205,12 @@ class Trainer:
         after_step: called from the training thread after every step, with the step number and
             without the lock; it may block briefly (the node waits there for its last gossip
             round, local work only, so that gossip keeps pace with training).
-        on_eval: called from the training thread after every evaluation.
-        on_done: called from the training thread when it ends (budget spent, stopped or failed).
+        on_eval: called from the training thread after every evaluation: every ``eval_every``
+            steps, at the end of the budget, and then every ``idle_eval_interval_s`` until
+            stopped.
+        on_done: called from the training thread when training ends (budget spent, stopped or
+            failed); evaluations may follow it.
+        on_rollback: called from the training thread after each rollback.
     """
 
     def __init__(
@@ -118,6 +223,7 @@ class Trainer:
         on_eval: Callable[[EvalResult], None] = lambda result: None,
         on_done: Callable[[], None] = lambda: None,
         start_step: int = 0,
+        on_rollback: Callable[[Rollback], None] = lambda rollback: None,
     ) -> None:
         if len(task.train) == 0:  # type: ignore[arg-type]
             raise ValueError("this node's training shard is empty")
@@ -126,9 +232,18 @@ class Trainer:
         self.cfg = cfg
         self.model_lock = model_lock
         self.optimizer = task.make_optimizer()
+        #: The task's learning-rate schedule over the step budget (checkpointed with the rest).
+        self.schedule = task.make_schedule(self.optimizer, cfg.steps)
         self._after_step = after_step
         self._on_eval = on_eval
         self._on_done = on_done
+        self._on_rollback = on_rollback
+        # The last two finite states: when going back to the newest fails at once, the one
+        # before it may still hold.
+        self._finite: deque[_FiniteState] = deque(maxlen=2)
+        self._rollbacks_in_a_row = 0
+        #: Rollbacks over the trainer's life.
+        self.rollbacks = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trainer", daemon=True)
         self.step = start_step
@@ -150,12 +265,20 @@ class Trainer:
         self._stop.set()
 
     def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread: the end of the budget, or with ``idle_eval_interval_s`` set,
+        the stop that :meth:`request_stop` asks for."""
         if self._thread.ident is not None:  # never started: nothing to wait for
             self._thread.join(timeout)
 
     @property
+    def started(self) -> bool:
+        """Whether :meth:`start` was called (the thread may have ended since)."""
+        return self._thread.ident is not None
+
+    @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        """Training: started, and neither done nor stopped (evaluations may go on after)."""
+        return self._thread.is_alive() and not self.done.is_set()
 
     @property
     def samples_per_s(self) -> float:
@@ -164,35 +287,99 @@ class Trainer:
         elapsed = end - self._started_at
         return self.samples / elapsed if self._started_at and elapsed > 0 else 0.0
 
-    # -- the loop -----------------------------------------------------------------------------
-
-    def evaluate(self) -> EvalResult:
-        with self.model_lock:
-            loss, acc = evaluate(self.task.model, self.task.eval, self.task.loss, self.device)
-        result = EvalResult(self.step, loss, acc)
+    def evaluate(self, after_budget: bool = False) -> EvalResult:
+        """Evaluate the model as it is now. A read: under the model lock (so no mixing lands
+        half way), without autograd, in eval mode, which leaves parameters, buffers and the
+        optimizer as they were."""
+        with self.model_lock, torch.no_grad():
+            loss, acc = evaluate_task(self.task, self.device)
+            step = self.step
+        result = EvalResult(step, loss, acc, time.monotonic(), after_budget)
         self.last_eval = result
         return result
 
+    def _evaluate_after_budget(self) -> None:
+        """Once the budget is spent gossip still mixes the model toward the neighbours', so
+        keep evaluating it, at a low rate, until stopped: the accuracy the node reports is its
+        model's, not the one it had when it stopped stepping."""
+        wait = self.cfg.idle_eval_wait(0.0)
+        while not self._stop.wait(wait):
+            began = time.perf_counter()
+            try:
+                result = self.evaluate(after_budget=True)
+            except Exception:  # training is over: a failed evaluation only ends evaluating
+                log.exception("evaluation after the step budget failed; no more evaluations")
+                return
+            self._on_eval(result)
+            wait = self.cfg.idle_eval_wait(time.perf_counter() - began)
+
     def _train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         with self.model_lock:
-            loss = train_step(self.task, self.optimizer, inputs, targets)
+            loss = train_step(self.task, self.optimizer, inputs, targets, self.schedule)
             # Under the lock, so that whoever holds it sees a step count that fits the model.
             self.step += 1
         return loss
 
+    # -- rollback -----------------------------------------------------------------------------
+
+    def _keep_finite(self) -> None:
+        """Copy the model and optimizer, if every value is finite (between two steps)."""
+        with self.model_lock:
+            state = self.task.model.state_dict()
+            if not all(
+                not t.is_floating_point() or bool(torch.isfinite(t).all()) for t in state.values()
+            ):
+                return
+            self._finite.append(
+                _FiniteState(self.step, _cpu_copy(state), _cpu_copy(self.optimizer.state_dict()))
+            )
+        self._rollbacks_in_a_row = 0
+
+    def _roll_back(self, loss: float) -> None:
+        """Go back to the last finite state, or raise :class:`Diverged` when there is none or
+        going back keeps failing."""
+        self._rollbacks_in_a_row += 1
+        what = f"training loss became {loss} at step {self.step}"
+        if not self._finite:
+            raise Diverged(f"{what}, and there is no finite state to go back to")
+        if self._rollbacks_in_a_row > self.cfg.max_rollbacks:
+            raise Diverged(
+                f"{what} again after {self.cfg.max_rollbacks} rollbacks in a row "
+                f"(to step {self._finite[-1].step})"
+            )
+        if self._rollbacks_in_a_row > 1 and len(self._finite) > 1:
+            self._finite.pop()  # the newest did not hold: go further back
+        state = self._finite[-1]
+        with self.model_lock:
+            # In place: the parameters are views of the flat buffer that gossip mixes.
+            self.task.model.load_state_dict(state.model)
+            self.optimizer.load_state_dict(_cpu_copy(state.optimizer))
+        self.rollbacks += 1
+        self._on_rollback(Rollback(self.step, state.step, loss, self._rollbacks_in_a_row))
+
+    # -- the loop -----------------------------------------------------------------------------
+
     def _run(self) -> None:
+        finished = False
         try:
             self.task.model.train()
             stream = batches(self.task, self.device, self.cfg.seed)
             budget = self.cfg.steps
+            self._keep_finite()
+            kept = self.step
             while not self._stop.is_set() and (budget is None or self.step < budget):
                 began = time.perf_counter()
                 inputs, targets = next(stream)
                 loss = self._train_step(inputs, targets)
                 self.samples += len(targets)
-                self.loss = loss if math.isnan(self.loss) else 0.9 * self.loss + 0.1 * loss
                 if not math.isfinite(loss):
-                    raise FloatingPointError(f"training loss became {loss} at step {self.step}")
+                    self._roll_back(loss)
+                    kept = self.step  # a new copy only after as many finite steps again
+                    continue
+                self.loss = loss if math.isnan(self.loss) else 0.9 * self.loss + 0.1 * loss
+                if self.step - kept >= self.cfg.rollback_every:
+                    self._keep_finite()
+                    kept = self.step
                 self._after_step(self.step)
                 # Let a thread that waits for the model lock (the gossip worker) have it: Python
                 # would otherwise hand the lock straight back to this loop, starving gossip.
@@ -207,6 +394,8 @@ class Trainer:
             finished = budget is not None and self.step >= budget
             if finished and (self.last_eval is None or self.last_eval.step != self.step):
                 self._on_eval(self.evaluate())
+        except Diverged as exc:  # one line from the node says why; a traceback would not
+            self.error = exc
         except BaseException as exc:  # surfaced by the node, which stops on it
             log.exception("trainer failed")
             self.error = exc
@@ -214,3 +403,5 @@ class Trainer:
             self._ended_at = time.perf_counter()
             self.done.set()
             self._on_done()
+        if finished and self.error is None and self.cfg.idle_eval_interval_s is not None:
+            self._evaluate_after_budget()

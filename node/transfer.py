@@ -9,6 +9,7 @@ import torch
 
 from gossip.codecs import tensor_from_bytes
 from gossip.messages import ModelChunk
+from node.progress import TransferProgress
 from node.transport.base import Reason, Rejected
 
 __all__ = ["receive_model"]
@@ -22,7 +23,8 @@ async def receive_model(
     """Assemble ``numel`` float32 values from ``chunks``; returns them and the sender's step.
 
     Memory stays at one model-sized buffer plus the chunk in hand: each chunk is copied into
-    the buffer and dropped. Progress is logged every tenth of the way.
+    the buffer and dropped. A pull that lasts says how far it is, its rate and the time left
+    (:class:`node.progress.TransferProgress`).
 
     Raises:
         Rejected: a chunk does not fit (wrong size or place), the model ends early, or it
@@ -31,7 +33,8 @@ async def receive_model(
         Unreachable: the transfer broke off.
     """
     buffer = torch.empty(numel, dtype=torch.float32)
-    filled, step, next_report = 0, 0, 0.1
+    filled, step = 0, 0
+    progress = TransferProgress(f"pulling the model from {source}", 4 * numel, log)
     async for chunk in chunks:
         n, rest = divmod(len(chunk.data), 4)
         if chunk.numel != numel or chunk.offset != filled or rest or filled + n > numel:
@@ -46,9 +49,7 @@ async def receive_model(
             raise Rejected(Reason.NON_FINITE, f"the model holds non-finite values at {filled}")
         buffer[filled : filled + n] = part
         filled, step = filled + n, chunk.step
-        if filled >= next_report * numel:
-            log.info("receiving the model from %s: %3.0f%%", source, 100 * filled / numel)
-            next_report += 0.1
+        progress.update(4 * filled)
     if filled != numel:
         raise Rejected(Reason.MALFORMED, f"the model ended after {filled} of {numel} values")
     return buffer, step

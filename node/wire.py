@@ -11,9 +11,11 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from gossip.codecs import Encoded
+from gossip.encoded import Encoded
 from gossip.messages import Delta, Hello, ModelChunk, ParamSpec, SnapshotHeader, TaskFingerprint
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
+from gossip.swim_messages import FULL_STATE
+from node.revocation import MAX_BLOB_BYTES
 from node.status import NeighbourStatus, NodeStatus
 from node.transport.base import CHUNK_VALUES, Reason, Rejected, SnapshotChunk
 from protos import murmur_pb2 as pb
@@ -41,11 +43,21 @@ __all__ = [
 
 MAX_ID_CHARS = 128
 MAX_ADDRESS_CHARS = 255
-MAX_MEMBERS = 100_000
+#: Members a hello may list: a swarm of thousands, far past what a view holds today; the message
+#: size limit (set from the model) usually bites first.
+MAX_MEMBERS = 4096
+#: Updates a membership message may carry: an honest one carries its sender's record, the
+#: receiver's if it is suspect, and ``max_piggyback`` (8 unless configured) updates.
+MAX_SWIM_UPDATES = 32
+#: A push-pull (and its reply) carries a full state, up to ``SwimConfig.max_push_pull`` (512
+#: unless configured) records; the core keeps at most its own bound of them.
+MAX_PUSH_PULL_UPDATES = 1024
 MAX_PARAMS = 100_000
 MAX_NUMEL = 1 << 40
-MAX_KEY_BYTES = 512  # a DER public key or a signature
-MAX_REVOCATION_BYTES = 1 << 20
+MAX_PUBLIC_KEY_BYTES = 128  # an ECDSA P-256 key in DER is 91 bytes
+MAX_SIGNATURE_BYTES = 96  # a DER ECDSA P-256 signature is at most 72 bytes
+MAX_CERTIFICATE_BYTES = 2048  # a node certificate made by `murmur ca issue` is about 600 bytes
+MAX_REVOCATION_BYTES = MAX_BLOB_BYTES
 _ID_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
 _HOST_RE = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]")
 
@@ -85,7 +97,14 @@ _STATUS_TO_PB = {
     Status.LEFT: pb.LEFT,
 }
 _STATUS_FROM_PB = {v: k for k, v in _STATUS_TO_PB.items()}
-_KIND_TO_PB = {Kind.PING: pb.PING, Kind.ACK: pb.ACK, Kind.PING_REQ: pb.PING_REQ}
+_KIND_TO_PB = {
+    Kind.PING: pb.PING,
+    Kind.ACK: pb.ACK,
+    Kind.PING_REQ: pb.PING_REQ,
+    Kind.NACK: pb.NACK,
+    Kind.PUSH_PULL: pb.PUSH_PULL,
+    Kind.PUSH_PULL_REPLY: pb.PUSH_PULL_REPLY,
+}
 _KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
 
 
@@ -93,8 +112,14 @@ def _member_from_pb(m: pb.Member) -> MemberRecord:
     status = _STATUS_FROM_PB.get(m.status)
     if status is None:
         raise _malformed(f"member status {m.status} is unknown")
-    if len(m.public_key) > MAX_KEY_BYTES or len(m.signature) > MAX_KEY_BYTES:
-        raise _malformed("member key or signature is too long")
+    if (
+        len(m.public_key) > MAX_PUBLIC_KEY_BYTES
+        or len(m.signature) > MAX_SIGNATURE_BYTES
+        or len(m.certificate) > MAX_CERTIFICATE_BYTES
+    ):
+        raise _malformed("member key, signature or certificate is too long")
+    if len(m.accuser_signature) > MAX_SIGNATURE_BYTES:
+        raise _malformed("member accuser signature is too long")
     return MemberRecord(
         _node_id(m.node_id, "member id"),
         address(m.address, "member address"),
@@ -102,10 +127,13 @@ def _member_from_pb(m: pb.Member) -> MemberRecord:
         status,
         m.public_key,
         m.signature,
+        m.certificate,
+        accuser=_node_id(m.accuser, "member accuser") if m.accuser else "",
+        accuser_signature=m.accuser_signature,
     )
 
 
-def _member_to_pb(m: MemberRecord) -> pb.Member:
+def _member_to_pb(m: MemberRecord, certificate: bool = True) -> pb.Member:
     return pb.Member(
         node_id=m.node_id,
         address=m.address,
@@ -113,6 +141,9 @@ def _member_to_pb(m: MemberRecord) -> pb.Member:
         status=_STATUS_TO_PB[m.status],
         public_key=m.public_key,
         signature=m.signature,
+        certificate=m.certificate if certificate else b"",
+        accuser=m.accuser,
+        accuser_signature=m.accuser_signature,
     )
 
 
@@ -122,9 +153,12 @@ def _revocations(blob: bytes) -> bytes:
     return blob
 
 
-def _members_from_pb(members: Sequence[pb.Member], what: str) -> tuple[MemberRecord, ...]:
-    if len(members) > MAX_MEMBERS:
-        raise _malformed(f"{what} lists more than {MAX_MEMBERS} members")
+def _members_from_pb(
+    members: Sequence[pb.Member], what: str, limit: int = MAX_MEMBERS
+) -> tuple[MemberRecord, ...]:
+    # Counted before any record is decoded, let alone checked.
+    if len(members) > limit:
+        raise _malformed(f"{what} lists more than {limit} members")
     return tuple(_member_from_pb(m) for m in members)
 
 
@@ -136,6 +170,7 @@ def fingerprint_to_pb(f: TaskFingerprint) -> pb.TaskFingerprint:
         params=[pb.ParamSpec(name=p.name, shape=list(p.shape), dtype=p.dtype) for p in f.params],
         codec=f.codec,
         block_size=f.block_size,
+        fraction=f.fraction,
     )
 
 
@@ -147,7 +182,9 @@ def fingerprint_from_pb(f: pb.TaskFingerprint) -> TaskFingerprint:
         if any(d < 0 for d in p.shape):
             raise _malformed(f"parameter {p.name!r} has a negative dimension")
         params.append(ParamSpec(p.name, tuple(p.shape), p.dtype))
-    return TaskFingerprint(tuple(params), f.codec, f.block_size)
+    if not 0 <= f.fraction <= 1:  # NaN too
+        raise _malformed(f"fingerprint fraction {f.fraction} is not in [0, 1]")
+    return TaskFingerprint(tuple(params), f.codec, f.block_size, f.fraction)
 
 
 def hello_to_pb(h: Hello) -> pb.Hello:
@@ -200,7 +237,11 @@ def swim_from_pb(m: pb.SwimMessage) -> tuple[int, SwimMessage]:
         address(m.sender_address, "sender address"),
         m.seq,
         target,
-        _members_from_pb(m.updates, "swim message"),
+        _members_from_pb(
+            m.updates,
+            "swim message",
+            MAX_PUSH_PULL_UPDATES if kind in FULL_STATE else MAX_SWIM_UPDATES,
+        ),
         _revocations(m.revocations),
     )
     return m.protocol_version, message
@@ -335,7 +376,7 @@ def swim_nbytes(m: SwimMessage, protocol_version: int) -> int:
 # -- status -----------------------------------------------------------------------------------
 
 
-_NESTED = ("neighbours", "members", "rejected")
+_NESTED = ("neighbours", "members", "rejected", "member_counts")
 _SCALARS = [f.name for f in dataclasses.fields(NodeStatus) if f.name not in _NESTED]
 _NEIGHBOUR_FIELDS = [f.name for f in dataclasses.fields(NeighbourStatus)]
 
@@ -344,8 +385,10 @@ def status_to_pb(s: NodeStatus) -> pb.NodeStatus:
     return pb.NodeStatus(
         **{name: getattr(s, name) for name in _SCALARS},
         neighbours=[pb.NeighbourStatus(**dataclasses.asdict(n)) for n in s.neighbours],
-        members=[_member_to_pb(m) for m in s.members],
+        # Certificates are for nodes, and would make a status of many members large.
+        members=[_member_to_pb(m, certificate=False) for m in s.members],
         rejected=s.rejected,
+        member_counts=s.member_counts,
     )
 
 
@@ -364,8 +407,11 @@ def status_from_pb(s: pb.NodeStatus) -> NodeStatus:
                 _STATUS_FROM_PB[m.status],
                 m.public_key,
                 m.signature,
+                accuser=m.accuser,
+                accuser_signature=m.accuser_signature,
             )
             for m in s.members
         ),
         rejected=dict(s.rejected),
+        member_counts=dict(s.member_counts),
     )

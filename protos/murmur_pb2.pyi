@@ -19,6 +19,9 @@ class SwimKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PING: _ClassVar[SwimKind]
     ACK: _ClassVar[SwimKind]
     PING_REQ: _ClassVar[SwimKind]
+    NACK: _ClassVar[SwimKind]
+    PUSH_PULL: _ClassVar[SwimKind]
+    PUSH_PULL_REPLY: _ClassVar[SwimKind]
 ALIVE: MemberStatus
 SUSPECT: MemberStatus
 DEAD: MemberStatus
@@ -26,6 +29,9 @@ LEFT: MemberStatus
 PING: SwimKind
 ACK: SwimKind
 PING_REQ: SwimKind
+NACK: SwimKind
+PUSH_PULL: SwimKind
+PUSH_PULL_REPLY: SwimKind
 
 class ParamSpec(_message.Message):
     __slots__ = ("name", "shape", "dtype")
@@ -38,30 +44,38 @@ class ParamSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class TaskFingerprint(_message.Message):
-    __slots__ = ("params", "codec", "block_size")
+    __slots__ = ("params", "codec", "block_size", "fraction")
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
     params: _containers.RepeatedCompositeFieldContainer[ParamSpec]
     codec: str
     block_size: int
-    def __init__(self, params: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., codec: _Optional[str] = ..., block_size: _Optional[int] = ...) -> None: ...
+    fraction: float
+    def __init__(self, params: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., codec: _Optional[str] = ..., block_size: _Optional[int] = ..., fraction: _Optional[float] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "status", "public_key", "signature")
+    __slots__ = ("node_id", "address", "incarnation", "status", "public_key", "signature", "certificate", "accuser", "accuser_signature")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    ACCUSER_FIELD_NUMBER: _ClassVar[int]
+    ACCUSER_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
     status: MemberStatus
     public_key: bytes
     signature: bytes
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    certificate: bytes
+    accuser: str
+    accuser_signature: bytes
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., accuser: _Optional[str] = ..., accuser_signature: _Optional[bytes] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol_version", "self", "fingerprint", "members", "revocations")
@@ -218,8 +232,15 @@ class NeighbourStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ..., weight: _Optional[float] = ..., bytes_received: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "loss", "accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples")
+    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "train_loss", "eval_accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples", "eval_loss", "eval_step", "eval_age_s", "member_counts")
     class RejectedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class MemberCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -233,8 +254,8 @@ class NodeStatus(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     STEP_BUDGET_FIELD_NUMBER: _ClassVar[int]
     TRAINING_DONE_FIELD_NUMBER: _ClassVar[int]
-    LOSS_FIELD_NUMBER: _ClassVar[int]
-    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FP32_FIELD_NUMBER: _ClassVar[int]
@@ -244,6 +265,10 @@ class NodeStatus(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    EVAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    EVAL_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_COUNTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     device: str
@@ -251,8 +276,8 @@ class NodeStatus(_message.Message):
     step: int
     step_budget: int
     training_done: bool
-    loss: float
-    accuracy: float
+    train_loss: float
+    eval_accuracy: float
     rounds: int
     bytes_sent: int
     bytes_sent_fp32: int
@@ -262,4 +287,8 @@ class NodeStatus(_message.Message):
     members: _containers.RepeatedCompositeFieldContainer[Member]
     rejected: _containers.ScalarMap[str, int]
     samples: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ...) -> None: ...
+    eval_loss: float
+    eval_step: int
+    eval_age_s: float
+    member_counts: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., train_loss: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_step: _Optional[int] = ..., eval_age_s: _Optional[float] = ..., member_counts: _Optional[_Mapping[str, int]] = ...) -> None: ...

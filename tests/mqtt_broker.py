@@ -45,18 +45,28 @@ def _accepts(port: int) -> bool:
 
 
 class MosquittoBroker:
-    """``start()`` and ``stop()`` as often as a test needs; the port stays the same."""
+    """``start()`` and ``stop()`` as often as a test needs; the port stays the same.
 
-    def __init__(self, workdir: Path) -> None:
+    ``persistent``: retained messages and sessions are saved in ``workdir`` every second and
+    loaded again on start, as a broker in production keeps them.
+    """
+
+    def __init__(self, workdir: Path, persistent: bool = False) -> None:
         self.binary = mosquitto_binary()
         self.workdir = workdir
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.conf = workdir / "mosquitto.conf"
         self.log = workdir / "mosquitto.log"
-        self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+        self.db = workdir / "mosquitto.db"
+        persistence = (
+            # "user root": run as root, mosquitto would drop to its own user, who cannot write
+            # into a test's folder (it ignores the line otherwise).
+            f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\nuser root\n"
+            if persistent
+            else "persistence false\n"
         )
+        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n{persistence}")
 
     @property
     def url(self) -> str:

@@ -8,7 +8,37 @@ from dataclasses import dataclass, field
 from gossip.swim import SwimConfig
 from node.config import GossipConfig
 
-__all__ = ["ChurnConfig", "NetConfig", "SimConfig"]
+__all__ = ["ChurnConfig", "NetConfig", "PartitionConfig", "SimConfig"]
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """The network split into ``groups`` groups of nodes from ``at_s`` for ``for_s`` simulated
+    seconds: the initial nodes by index into equal, contiguous groups (node ids are hashes, so
+    each group is spread over the ring), joiners round robin. Between groups, deltas and
+    membership messages are lost; calls (snapshots, pulls) wait until the partition ends."""
+
+    at_s: float
+    for_s: float
+    groups: int = 2
+
+    def __post_init__(self) -> None:
+        if self.at_s < 0 or self.for_s <= 0 or self.groups < 2:
+            raise ValueError("a partition needs at >= 0, a positive duration and 2+ groups")
+
+    @classmethod
+    def parse(cls, text: str) -> PartitionConfig:
+        """``AT:FOR`` or ``AT:FOR:GROUPS`` (seconds, seconds, a count), as the CLI takes it."""
+        parts = text.split(":")
+        try:
+            if len(parts) not in (2, 3):
+                raise ValueError
+            return cls(float(parts[0]), float(parts[1]), int(parts[2]) if parts[2:] else 2)
+        except ValueError:
+            raise ValueError(
+                f"--partition {text!r}: expected AT:FOR[:GROUPS] (seconds, seconds, 2 or more "
+                "groups), e.g. 30:30"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -20,11 +50,13 @@ class NetConfig:
         bandwidth_bps: every node's uplink in bytes per second (inf: unlimited).
         loss: probability that a delta or a membership message is lost. Snapshots, model
             pulls and acknowledgements are not: the transport retries calls until they land.
+        partition: a split of the network for a while, if any.
     """
 
     latency_s: tuple[float, float] = (0.01, 0.05)
     bandwidth_bps: float = 1.25e6  # 10 Mbit/s
     loss: float = 0.0
+    partition: PartitionConfig | None = None
 
     def __post_init__(self) -> None:
         lo, hi = self.latency_s
@@ -73,7 +105,9 @@ class SimConfig:
     eval_every_s: simulated seconds between two samples of the swarm's figures; evaluating
         every node's model is the expensive part.
     consensus_threshold: the relative consensus distance (over the first sample's) counted
-        as reached; target_accuracy: the accuracy counted as reached.
+        as reached; target_accuracy: the accuracy counted as reached (tasks judged by accuracy);
+        target_loss: the eval loss counted as reached (tasks judged by their loss; None: the
+        task's own target).
     wait_timeout_s: a node starts training once every edge is up both ways, or after this long
         (the daemon's ``wait_timeout_s``).
     attackers: testing robustness: this share of the initial nodes (rounded, at least one when
@@ -95,6 +129,7 @@ class SimConfig:
     eval_every_s: float = 2.0
     consensus_threshold: float = 1e-2
     target_accuracy: float = 0.8
+    target_loss: float | None = None
     wait_timeout_s: float = 60.0  # the daemon's default
     attackers: float = 0.0
     gossip: GossipConfig = field(default_factory=GossipConfig)

@@ -26,7 +26,7 @@ from gossip.messages import PROTOCOL_VERSION, Delta, Member, SnapshotHeader
 from gossip.mixing import MixConfig, Mixer, RoundPacer
 from gossip.outer import OuterNesterov
 from gossip.refusals import Reason
-from gossip.replicas import GossipState
+from gossip.replicas import GossipState, UpdateGuard
 from gossip.swim import Outgoing, Swim, SwimMessage
 from node import wire
 from node.flat import FlatParams
@@ -85,11 +85,13 @@ class SimNode:
         self.step_s = step_s
         self.flat = FlatParams(task.model)
         self.optimizer = task.make_optimizer()
+        self.schedule = task.make_schedule(self.optimizer, cfg.steps)
         self._batches: Iterator[tuple[torch.Tensor, ...]] = batches(
             task, CPU, cfg.seed * 1_000_003 + shard
         )
         rounding = torch.Generator().manual_seed(rng.getrandbits(62))
-        self.state = GossipState(self.flat.flat, sim.codec, sim.clock, rounding, session)
+        guard = UpdateGuard(consistency=1.0 if g.robust else None)  # as the daemon's
+        self.state = GossipState(self.flat.flat, sim.codec, sim.clock, rounding, session, guard)
         self.swim = Swim(
             node_id,
             self.address,
@@ -214,7 +216,7 @@ class SimNode:
             return
         budget = self.sim.cfg.steps
         inputs, targets = next(self._batches)
-        self.loss = train_step(self.task, self.optimizer, inputs, targets)
+        self.loss = train_step(self.task, self.optimizer, inputs, targets, self.schedule)
         self.step += 1
         if self.pacer.due(self.step):
             self.try_round()

@@ -35,7 +35,7 @@ from node.sim.config import SimConfig
 from node.sim.decodes import sharing_decodes
 from node.sim.link import REPLY_BYTES
 from node.sim.node import CPU, SimNode
-from node.tasks.base import Shard, Task, evaluate, load_task
+from node.tasks.base import Shard, Task, evaluate_task, load_task
 
 __all__ = ["Sample", "Simulation", "Summary"]
 
@@ -53,6 +53,9 @@ class Sample:
     worst_accuracy: float  # of the worst node's own model
     best_accuracy: float  # of the best node's own model
     mean_accuracy: float  # of the nodes' own models, averaged
+    avg_loss: float  # eval loss of the averaged model x̄
+    worst_loss: float  # the highest eval loss of a node's own model
+    mean_loss: float  # of the nodes' own models, averaged
     bytes_per_node: float  # gossip (deltas and snapshots) sent, as the daemon counts it
     swim_bytes_per_node: float  # membership messages sent
     rounds_per_node: float
@@ -61,6 +64,8 @@ class Sample:
     departed: int
     wall_s: float
     events: int
+    #: Training nodes whose live view is not exactly the nodes that are up (0: one view).
+    partial_views: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -85,6 +90,12 @@ class Summary:
     wall_s: float
     events: int
     tensor_bytes_per_node: float
+    #: Seconds from the end of the partition to the first sample with one view (None: no
+    #: partition, or not within the run).
+    healed_s: float | None = None
+    #: What the targets are of: the task's metric (accuracy, loss or perplexity) and the value.
+    metric: str = "accuracy"
+    target: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -104,7 +115,9 @@ class Simulation:
             cfg.net.loss,
             random.Random(cfg.seed + 1),
         )
-        self.codec = sharing_decodes(get_codec(cfg.gossip.codec, cfg.gossip.block_size))
+        self.codec = sharing_decodes(
+            get_codec(cfg.gossip.codec, cfg.gossip.block_size, cfg.gossip.compress_fraction)
+        )
         self.factory = load_task(cfg.task)
         self.nodes: dict[str, SimNode] = {}
         #: Nodes gone, and what they sent (a departed node's model and data are let go).
@@ -119,6 +132,11 @@ class Simulation:
         # Drawn apart from the rest, so that a run with attackers differs only by them.
         picked = random.Random(cfg.seed + 2).sample(range(cfg.nodes), cfg.attacker_count)
         self.attackers = frozenset(picked)
+        #: The group of each node's address while the network is split (cfg.net.partition).
+        self.groups: dict[str, int] = {}
+        split = cfg.net.partition
+        if split is not None:
+            self.network.split(lambda a: self.groups.get(a, -1), split.at_s, split.for_s)
         for i in range(cfg.nodes):
             self._make_node(shard=i, attack=cfg.gossip.attack if i in self.attackers else None)
         everyone = [n.swim.me for n in self.nodes.values()]
@@ -131,6 +149,15 @@ class Simulation:
             n.after_swim()
         self._probe = self._task(0, 0)
         self._probe_flat = FlatParams(self._probe.model)
+        #: What the swarm is judged by, and the value counted as reached.
+        self.metric = self._probe.metric
+        self.target = (
+            cfg.target_accuracy
+            if self.metric == "accuracy"
+            else cfg.target_loss
+            if cfg.target_loss is not None
+            else self._probe.target
+        )
         self.samples: list[Sample] = []
         churn = cfg.churn
         for rate, what in (
@@ -159,10 +186,15 @@ class Simulation:
             step_s *= cfg.straggler_slowdown
         if cfg.speed_spread:
             step_s *= math.exp(self.rng.gauss(0.0, cfg.speed_spread))
+        address = f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}:7070"
+        if cfg.net.partition is not None:
+            groups = cfg.net.partition.groups
+            first = index < cfg.nodes
+            self.groups[address] = index * groups // cfg.nodes if first else index % groups
         node = SimNode(
             self,
             hashlib.sha256(f"murmur-sim|{cfg.seed}|{index}".encode()).hexdigest()[:32],
-            f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}:7070",
+            address,
             shard,
             self._task(index, shard),
             step_s,
@@ -299,8 +331,15 @@ class Simulation:
                 t = min(t + cfg.eval_every_s, cfg.duration_s)
         return self.summary()
 
-    def _accuracy(self, task: Task) -> float:
-        return evaluate(task.model, task.eval, task.loss, CPU)[1]
+    def _evaluate(self, task: Task) -> tuple[float, float]:
+        return evaluate_task(task, CPU)
+
+    def _reached(self, accuracy: float, loss: float) -> bool:
+        if self.target is None:
+            return False
+        if self.metric == "accuracy":
+            return accuracy >= self.target
+        return loss <= self.target
 
     def sample(self) -> Sample:
         live = [n for n in self.nodes.values() if n.training and n.attack is None]
@@ -311,12 +350,13 @@ class Simulation:
             mean = torch.stack(list(models.values())).mean(dim=0)
             cd = consensus_distance(models)
             self._probe_flat.flat.copy_(mean)
-            avg = self._accuracy(self._probe)
-            accs = [self._accuracy(n.task) for n in live]
+            avg_loss, avg = self._evaluate(self._probe)
+            evals = [self._evaluate(n.task) for n in live]
+            losses, accs = [e[0] for e in evals], [e[1] for e in evals]
             rel = cd / max(float(mean.double().pow(2).sum()), 1e-30)
         else:
-            cd = rel = avg = math.nan
-            accs = [math.nan]
+            cd = rel = avg = avg_loss = math.nan
+            accs = losses = [math.nan]
         return Sample(
             t=self.clock.now(),
             live=len(live),
@@ -326,6 +366,9 @@ class Simulation:
             worst_accuracy=min(accs),
             best_accuracy=max(accs),
             mean_accuracy=sum(accs) / len(accs),
+            avg_loss=avg_loss,
+            worst_loss=max(losses),
+            mean_loss=sum(losses) / len(losses),
             bytes_per_node=(sum(n.counters.bytes_sent for n in everyone) + self._gone_bytes)
             / slots,
             swim_bytes_per_node=(sum(n.swim_bytes for n in everyone) + self._gone_swim_bytes)
@@ -336,6 +379,16 @@ class Simulation:
             departed=self.departed,
             wall_s=time.perf_counter() - self._started,
             events=self.events.processed,
+            partial_views=self.partial_views(),
+        )
+
+    def partial_views(self) -> int:
+        """Training nodes whose view of live members is not exactly the nodes that are up."""
+        up = sorted(n.node_id for n in self.nodes.values() if n.alive)
+        return sum(
+            [r.node_id for r in n.swim.live_members()] != up
+            for n in self.nodes.values()
+            if n.training
         )
 
     def summary(self) -> Summary:
@@ -346,10 +399,15 @@ class Simulation:
             return next((s for s in samples if s.t > 0 and ok(s)), None)
 
         consensus = first(lambda s: s.relative_distance <= cfg.consensus_threshold)
-        target_avg = first(lambda s: s.avg_accuracy >= cfg.target_accuracy)
-        target_worst = first(lambda s: s.worst_accuracy >= cfg.target_accuracy)
+        target_avg = first(lambda s: self._reached(s.avg_accuracy, s.avg_loss))
+        target_worst = first(lambda s: self._reached(s.worst_accuracy, s.worst_loss))
         final = samples[-1]
         live = [n for n in self.nodes.values() if n.training]
+        split = cfg.net.partition
+        healed = None
+        if split is not None:
+            end = split.at_s + split.for_s
+            healed = next((s for s in samples if s.t >= end and s.partial_views == 0), None)
         return Summary(
             nodes=cfg.nodes,
             topology=cfg.gossip.topology,
@@ -366,6 +424,9 @@ class Simulation:
             wall_s=final.wall_s,
             events=final.events,
             tensor_bytes_per_node=sum(n.tensor_bytes() for n in live) / max(1, len(live)),
+            healed_s=healed.t - (split.at_s + split.for_s) if healed and split else None,
+            metric=self.metric,
+            target=self.target,
         )
 
 

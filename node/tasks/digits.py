@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from node.extras import require
 from node.tasks.base import Shard, Task
 
 #: Fixed: every node, every run, the same 80/20 split.
@@ -23,6 +24,7 @@ def load_arrays() -> tuple[np.ndarray, np.ndarray]:
     Reads the data file scikit-learn ships, without importing ``sklearn.datasets`` (which pulls
     in SciPy and costs seconds at every node start); falls back to ``load_digits``.
     """
+    require("sklearn", "digits", "the digits task")
     spec = importlib.util.find_spec("sklearn")
     for root in (spec.submodule_search_locations or []) if spec else []:
         path = Path(root) / "datasets" / "data" / "digits.csv.gz"

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
-
-from gossip.codecs import tensor_to_bytes
 from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.refusals import REFUSALS, Reason
 from gossip.swim import SwimMessage
 from node.status import NodeStatus
 
+if TYPE_CHECKING:  # torch only where tensors are chunked: `murmur status` does without it
+    import torch
+
 __all__ = [
     "INVALID_ARGUMENT_REASONS",
     "DeltaStream",
     "Handler",
+    "HandshakeFailed",
     "Reason",
     "Rejected",
     "SnapshotChunk",
@@ -52,6 +53,11 @@ class Unreachable(Exception):
     """The peer could not be reached, or did not answer in time."""
 
 
+class HandshakeFailed(Unreachable):
+    """The peer was reached, but the TLS handshake with it failed (a certificate from another
+    CA, expired, or one side speaking plain TCP): retrying will not change it."""
+
+
 @dataclass(frozen=True)
 class SnapshotChunk:
     offset: int  # index of the first value
@@ -60,6 +66,8 @@ class SnapshotChunk:
 
 def iter_chunks(values: torch.Tensor, chunk_values: int = CHUNK_VALUES) -> Iterator[SnapshotChunk]:
     """Cut a flat float32 vector into chunks, each copied to the host only when it is due."""
+    from gossip.codecs import tensor_to_bytes
+
     for offset in range(0, values.numel(), chunk_values):
         yield SnapshotChunk(offset, tensor_to_bytes(values[offset : offset + chunk_values]))
 

@@ -1,48 +1,50 @@
-"""The gRPC transport: a grpc.aio server for the node's handler, and one channel per peer.
+"""The gRPC transport: a grpc.aio server for the node's handler, and channels to peers.
 
 Refusals travel as a gRPC status (INVALID_ARGUMENT when the message itself is wrong,
 FAILED_PRECONDITION when it does not fit the receiver's state) with the reason in the trailing
-metadata key ``murmur-reason``, so the caller gets back the same :class:`Rejected`.
+metadata key ``murmur-reason``, so the caller gets back the same :class:`Rejected`. The server
+side, which judges every caller before it reads its message, is node/transport/grpc_server.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+import re
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
-import torch
-from google.protobuf.message import DecodeError
 
+from gossip.clock import Clock
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import SwimMessage
 from node import wire
-from node.pki import TLS_NAME, TlsFiles, node_id_of_cert
+from node.penalties import Penalties, PenaltyConfig, SystemClock
+from node.pki import TLS_NAME, TlsFiles
+from node.signing import RecordScreen
 from node.status import NodeStatus
 from node.transport.base import (
-    INVALID_ARGUMENT_REASONS,
     Handler,
+    HandshakeFailed,
     Reason,
     Rejected,
-    SnapshotChunk,
     Unreachable,
     iter_chunks,
 )
+from node.transport.grpc_server import REASON_KEY, Servicer, add_servicer
 from protos import murmur_pb2_grpc
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["GrpcTransport", "GrpcTransportConfig"]
 
 log = logging.getLogger(__name__)
 
-M = TypeVar("M")
-D = TypeVar("D")
-
-REASON_KEY = "murmur-reason"
-SERVICE = "murmur.v1.Murmur"
 #: Codes that mean "could not talk to the peer", not "the peer said no".
 _UNREACHABLE_CODES = frozenset(
     {
@@ -65,6 +67,48 @@ class GrpcTransportConfig:
     max_message_bytes: int = 64 << 20
     #: Mutual TLS material; None serves and dials plain TCP (``--insecure``).
     tls: TlsFiles | None = None
+    #: Calls one peer may hold open at once: an honest neighbour holds a delta stream, a
+    #: snapshot, a model pull and a few membership calls. With the message limit this bounds
+    #: what one peer's half-sent messages can hold of this node's memory.
+    calls_per_peer: int = 16
+    #: Of those, calls that carry models (deltas, snapshots, pulls), each up to a message of
+    #: ``max_message_bytes``: an honest neighbour has a delta stream and a snapshot open, and
+    #: briefly the next ones while a link restarts.
+    model_calls_per_peer: int = 4
+    #: Calls open at once from everyone (gRPC refuses more with RESOURCE_EXHAUSTED).
+    max_concurrent_rpcs: int = 1024
+    #: HTTP/2 streams per connection.
+    streams_per_connection: int = 64
+    #: A connection with no call for this long is closed (the peer reconnects when it needs to).
+    idle_connection_s: float = 300.0
+    #: Membership/hello/status channels kept to other nodes; one is opened for every address
+    #: this node answers or probes, so they are bounded, least recently used closed first.
+    control_channels: int = 256
+    #: A control channel unused this long is closed.
+    control_idle_s: float = 120.0
+    #: Model channels (deltas, snapshots, pulls): neighbours and recent ones.
+    bulk_channels: int = 64
+    #: Bans of callers, by certified id, for undecodable messages, messages in another node's
+    #: name, and forged member records (under TLS only: without it nothing names a caller).
+    penalties: PenaltyConfig = field(default_factory=PenaltyConfig)
+    #: A banned or revoked caller's refusal is held back this long (up to ``held_per_peer`` of
+    #: them at once), so that its calls come no faster than its open streams allow: a refusal
+    #: costs the node a few hundred microseconds of its event loop, a flood of them a core.
+    refusal_hold_s: float = 1.0
+    held_per_peer: int = 16
+    #: Membership messages and hellos per second one certified caller may send (and at once):
+    #: an honest member sends another a few a second at most (a probe, an ack, a relayed probe),
+    #: and each, with its records, costs the node about a millisecond; refusals past it are held
+    #: back as above.
+    membership_rate: float = 20.0
+    membership_burst: float = 100.0
+
+    def server_options(self) -> list[tuple[str, Any]]:
+        return [
+            *self.channel_options(),
+            ("grpc.max_concurrent_streams", self.streams_per_connection),
+            ("grpc.max_connection_idle_ms", int(self.idle_connection_s * 1000)),
+        ]
 
     def channel_options(self) -> list[tuple[str, Any]]:
         options: list[tuple[str, Any]] = [
@@ -79,227 +123,38 @@ class GrpcTransportConfig:
         return options
 
 
-def _status_code(reason: Reason) -> grpc.StatusCode:
-    if reason in INVALID_ARGUMENT_REASONS:
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if reason in (Reason.SHUTTING_DOWN, Reason.NOT_READY):
-        return grpc.StatusCode.UNAVAILABLE
-    if reason in (Reason.IDENTITY, Reason.REVOKED):
-        return grpc.StatusCode.PERMISSION_DENIED
-    if reason is Reason.RATE_LIMITED:
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    return grpc.StatusCode.FAILED_PRECONDITION
+_VERIFY_FAILED = re.compile(r"CERTIFICATE_VERIFY_FAILED: ([^:]+)")
 
 
-class _Servicer(murmur_pb2_grpc.MurmurServicer):
-    """Decodes, calls the handler, encodes; maps :class:`Rejected` to a status."""
-
-    def __init__(self, handler: Handler, tls: bool) -> None:
-        self.handler = handler
-        self.tls = tls
-
-    def _check_sender(
-        self, context: grpc.aio.ServicerContext[Any, Any], claimed: str | None
-    ) -> None:
-        """Under TLS: a revoked node gets nothing, and a message may only speak for the node
-        whose certificate sent it (``claimed``; None for calls that claim nobody)."""
-        if not self.tls:
-            return
-        certs = list(context.auth_context().get("x509_pem_cert") or [])
-        actual = node_id_of_cert(certs[0]) if certs else ""
-        if self.handler.is_revoked(actual):
-            err = Rejected(Reason.REVOKED, f"node {actual[:8]} is revoked in this swarm")
-            self.handler.note_rejected(err.reason, err.detail)
-            raise err
-        if claimed is not None and actual != claimed:
-            certified = actual[:8] or "absent"
-            err = Rejected(
-                Reason.IDENTITY,
-                f"the message speaks for {claimed[:8]}, the certificate is {certified}",
-            )
-            self.handler.note_rejected(err.reason, err.detail)
-            raise err
-
-    def _decode(self, decode: Callable[[M], D], raw: M) -> D:
-        """Decode a message; a malformed one is counted before it is refused."""
-        try:
-            if isinstance(raw, Undecodable):
-                raise Rejected(Reason.MALFORMED, f"{raw.nbytes} bytes that are not a {raw.what}")
-            return decode(raw)
-        except Rejected as err:
-            self.handler.note_rejected(err.reason, err.detail)
-            raise
-
-    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], err: Rejected) -> None:
-        await context.abort(
-            _status_code(err.reason),
-            f"{err.reason}: {err.detail}",
-            trailing_metadata=((REASON_KEY, str(err.reason)),),
+def _handshake_failure(address: str, details: str) -> HandshakeFailed | None:
+    """What a failed TLS handshake means, from gRPC's details (which name OpenSSL's error):
+    the client learns of a certificate it refuses by name, of one the server refused only by
+    the server closing the connection."""
+    if "WRONG_VERSION_NUMBER" in details:
+        return HandshakeFailed(
+            f"{address} speaks plain TCP (it runs --insecure), this node mutual TLS"
         )
-
-    async def Hello(  # noqa: N802 (gRPC method names)
-        self, request: wire.pb.Hello, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> wire.pb.Hello:
-        try:
-            hello = self._decode(wire.hello_from_pb, request)
-            self._check_sender(context, hello.self_.node_id)
-            return wire.hello_to_pb(await self.handler.rpc_hello(hello))
-        except Rejected as err:
-            await self._refuse(context, err)
-            raise AssertionError("abort returned") from err
-
-    async def PushDelta(  # noqa: N802
-        self, request: wire.pb.Delta, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> wire.pb.DeltaAck:
-        try:
-            delta = self._decode(wire.delta_from_pb, request)
-            self._check_sender(context, delta.sender)
-            return wire.pb.DeltaAck(replica_seq=await self.handler.rpc_push_delta(delta))
-        except Rejected as err:
-            await self._refuse(context, err)
-            raise AssertionError("abort returned") from err
-
-    async def StreamDeltas(  # noqa: N802
-        self,
-        request_iterator: AsyncIterator[wire.pb.Delta],
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[wire.pb.DeltaAck]:
-        try:
-            async for request in request_iterator:
-                delta = self._decode(wire.delta_from_pb, request)
-                self._check_sender(context, delta.sender)
-                yield wire.pb.DeltaAck(replica_seq=await self.handler.rpc_push_delta(delta))
-        except Rejected as err:
-            await self._refuse(context, err)
-            raise AssertionError("abort returned") from err
-
-    async def PushSnapshot(  # noqa: N802
-        self,
-        request_iterator: AsyncIterator[wire.pb.SnapshotChunk],
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> wire.pb.SnapshotAck:
-        try:
-            try:
-                first = await anext(aiter(request_iterator))
-            except StopAsyncIteration:
-                err = Rejected(Reason.MALFORMED, "empty snapshot stream")
-                self.handler.note_rejected(err.reason, err.detail)
-                raise err from None
-            header, chunk0 = self._decode(wire.snapshot_chunk_from_pb, first)
-            self._check_sender(context, header.sender)
-
-            async def chunks() -> AsyncIterator[SnapshotChunk]:
-                yield chunk0
-                async for raw in request_iterator:
-                    h, chunk = self._decode(wire.snapshot_chunk_from_pb, raw)
-                    if h != header:
-                        err = Rejected(Reason.MALFORMED, "snapshot chunks disagree on a header")
-                        self.handler.note_rejected(err.reason, err.detail)
-                        raise err
-                    yield chunk
-
-            seq = await self.handler.rpc_push_snapshot(header, chunks())
-            return wire.pb.SnapshotAck(replica_seq=seq)
-        except Rejected as err:
-            await self._refuse(context, err)
-            raise AssertionError("abort returned") from err
-
-    async def Status(  # noqa: N802
-        self, request: wire.pb.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> wire.pb.NodeStatus:
-        try:
-            self._check_sender(context, None)
-        except Rejected as err:
-            await self._refuse(context, err)
-            raise AssertionError("abort returned") from err
-        return wire.status_to_pb(await self.handler.rpc_status())
-
-    async def Swim(  # noqa: N802
-        self, request: wire.pb.SwimMessage, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> wire.pb.SwimReply:
-        try:
-            version, message = self._decode(wire.swim_from_pb, request)
-            self._check_sender(context, message.sender)
-            return wire.pb.SwimReply(node_id=await self.handler.rpc_swim(version, message))
-        except Rejected as err:
-            await self._refuse(context, err)
-            raise AssertionError("abort returned") from err
-
-    async def PullModel(  # noqa: N802
-        self, request: wire.pb.PullModelRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[wire.pb.ModelChunk]:
-        try:
-            self._check_sender(context, None)
-            request = self._decode(lambda r: r, request)
-            chunks = self.handler.rpc_pull_model(request.protocol_version, request.requester)
-            async for chunk in chunks:
-                yield wire.model_chunk_to_pb(chunk)
-        except Rejected as err:
-            await self._refuse(context, err)
-            raise AssertionError("abort returned") from err
-
-
-@dataclass(frozen=True)
-class Undecodable:
-    """What arrived instead of a message when its bytes did not parse."""
-
-    what: str
-    nbytes: int
-
-
-def _lenient(message: type[Any]) -> Callable[[bytes], Any]:
-    """A deserializer that hands bytes that do not parse on as :class:`Undecodable`, so the
-    servicer refuses them like any malformed message (counted, INVALID_ARGUMENT) instead of
-    gRPC failing the call as UNKNOWN before the node ever sees it."""
-
-    def parse(raw: bytes) -> Any:
-        try:
-            return message.FromString(raw)
-        except DecodeError:
-            return Undecodable(message.__name__, len(raw))
-
-    return parse
-
-
-def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
-    """As the generated ``add_MurmurServicer_to_server``, with lenient deserializers."""
-    pb = wire.pb
-
-    def handler(kind: Callable[..., Any], method: Any, request: Any, response: Any) -> Any:
-        return kind(
-            method,
-            request_deserializer=_lenient(request),
-            response_serializer=response.SerializeToString,
+    verify = _VERIFY_FAILED.search(details)
+    if verify is not None:
+        cause = verify.group(1).strip()
+        if "issuer" in cause:
+            cause = f"its certificate is not from this swarm's CA ({cause})"
+        return HandshakeFailed(f"TLS handshake with {address} failed: {cause}")
+    if "Failed to create security handshaker" in details:
+        return HandshakeFailed(
+            f"no TLS handshake with {address} could start: does this node's key fit its "
+            "certificate?"
         )
-
-    handlers = {
-        "Hello": handler(grpc.unary_unary_rpc_method_handler, servicer.Hello, pb.Hello, pb.Hello),
-        "PushDelta": handler(
-            grpc.unary_unary_rpc_method_handler, servicer.PushDelta, pb.Delta, pb.DeltaAck
-        ),
-        "StreamDeltas": handler(
-            grpc.stream_stream_rpc_method_handler, servicer.StreamDeltas, pb.Delta, pb.DeltaAck
-        ),
-        "PushSnapshot": handler(
-            grpc.stream_unary_rpc_method_handler,
-            servicer.PushSnapshot,
-            pb.SnapshotChunk,
-            pb.SnapshotAck,
-        ),
-        "Status": handler(
-            grpc.unary_unary_rpc_method_handler, servicer.Status, pb.StatusRequest, pb.NodeStatus
-        ),
-        "Swim": handler(
-            grpc.unary_unary_rpc_method_handler, servicer.Swim, pb.SwimMessage, pb.SwimReply
-        ),
-        "PullModel": handler(
-            grpc.unary_stream_rpc_method_handler,
-            servicer.PullModel,
-            pb.PullModelRequest,
-            pb.ModelChunk,
-        ),
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    # Closed while connecting (not mid-call, as a crash would): the server refused the handshake.
+    if "Socket closed" in details and "failed to connect" in details:
+        return HandshakeFailed(
+            f"{address} closed the connection in the handshake: it refused this node's "
+            "certificate (from another CA, or expired by its clock), or it runs mutual TLS "
+            "and this node plain TCP (--insecure)"
+        )
+    if "handshake" in details.lower():
+        return HandshakeFailed(f"TLS handshake with {address} failed: {details}")
+    return None
 
 
 def _error_of(
@@ -313,7 +168,9 @@ def _error_of(
                 break
             return Rejected(reason, (details or "").removeprefix(f"{reason}: "))
     if code in _UNREACHABLE_CODES or code == grpc.StatusCode.OK:
-        return Unreachable(f"{address}: {code.name}: {details}")
+        return _handshake_failure(address, details or "") or Unreachable(
+            f"{address}: {code.name}: {details}"
+        )
     return Rejected(Reason.MALFORMED, f"{address} answered {code.name}: {details}")
 
 
@@ -353,21 +210,53 @@ class GrpcDeltaStream:
         self._call.cancel()
 
 
-class GrpcTransport:
-    """gRPC with mutual TLS (``cfg.tls``), or over plain TCP without it."""
+@dataclass
+class _Channel:
+    channel: grpc.aio.Channel
+    stub: murmur_pb2_grpc.MurmurStub
+    used: float
 
-    def __init__(self, cfg: GrpcTransportConfig | None = None) -> None:
+
+class GrpcTransport:
+    """gRPC with mutual TLS (``cfg.tls``), or over plain TCP without it. ``clock`` times the
+    expiry of idle channels (the monotonic clock unless a test gives one)."""
+
+    def __init__(self, cfg: GrpcTransportConfig | None = None, clock: Clock | None = None) -> None:
         self.cfg = cfg or GrpcTransportConfig()
+        self._clock: Clock = clock or SystemClock()
         self._server: grpc.aio.Server | None = None
-        self._channels: dict[str, tuple[grpc.aio.Channel, murmur_pb2_grpc.MurmurStub]] = {}
-        #: Closes of channels replaced after a failure (held so that they run to the end).
+        self._servicer: Servicer | None = None
+        # Per lane, least recently used first.
+        self._channels: dict[str, OrderedDict[str, _Channel]] = {
+            "bulk": OrderedDict(),
+            "control": OrderedDict(),
+        }
+        #: Closes of channels replaced or let go (held so that they run to the end).
         self._closing: set[asyncio.Future[None]] = set()
+        #: Checks member records before the handler sees them (set by the node; see
+        #: :class:`node.signing.RecordScreen`); None hands them on as they came.
+        self.screen: RecordScreen | None = None
+
+    @property
+    def penalties(self) -> Penalties | None:
+        """The bans of callers by certified id, once serving."""
+        return self._servicer.penalties if self._servicer is not None else None
+
+    def open_calls(self, caller: str) -> int:
+        """Calls open now from ``caller`` (its certified id under TLS)."""
+        return self._servicer._open.get(caller, 0) if self._servicer is not None else 0
+
+    def channel_count(self) -> int:
+        return sum(len(lane) for lane in self._channels.values())
 
     async def serve(self, handler: Handler, listen: str) -> str:
-        server = grpc.aio.server(options=self.cfg.channel_options())
+        server = grpc.aio.server(
+            options=self.cfg.server_options(),
+            maximum_concurrent_rpcs=self.cfg.max_concurrent_rpcs,
+        )
         tls = self.cfg.tls
-        servicer = _Servicer(handler, tls is not None)
-        _add_servicer(servicer, server)
+        servicer = Servicer(handler, self.cfg, lambda: self.screen)
+        add_servicer(servicer, server)
         host = listen.rsplit(":", 1)[0]
         try:
             if tls is None:
@@ -380,9 +269,13 @@ class GrpcTransport:
                 )
                 port = server.add_secure_port(listen, creds)
         except RuntimeError as exc:
-            raise OSError(f"cannot listen on {listen}: {exc}") from exc
+            raise OSError(
+                f"cannot listen on {listen}: the port is taken, or the address is not this "
+                "machine's (GRPC_VERBOSITY=debug shows gRPC's own account)"
+            ) from exc
         await server.start()
         self._server = server
+        self._servicer = servicer
         if tls is None:
             log.warning(
                 "serving on %s:%d over plain TCP (--insecure): no encryption, no authentication "
@@ -392,19 +285,29 @@ class GrpcTransport:
             )
         return f"{host}:{port}"
 
+    def _let_go(self, entry: _Channel) -> None:
+        self._closing.add(asyncio.ensure_future(entry.channel.close()))
+        self._closing = {t for t in self._closing if not t.done()}
+
     def _stub(self, address: str, lane: str = "bulk") -> murmur_pb2_grpc.MurmurStub:
         """The stub for ``address`` on one of two connections: ``bulk`` carries models (deltas,
         snapshots, pulls), ``control`` the small, deadline-bound calls (membership pings, hellos,
         status). On a slow link a ping on the bulk connection would wait behind megabytes of
-        model in its socket buffer and time out: a false suspicion."""
-        key = f"{lane} {address}"
-        entry = self._channels.get(key)
-        if entry is not None and entry[0].get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+        model in its socket buffer and time out: a false suspicion.
+
+        Channels are bounded per lane (least recently used closed first), and control channels
+        unused for ``control_idle_s`` are closed: a node answers and probes any address it is
+        given, and would otherwise keep a channel to each for good. Bulk channels carry
+        long-lived delta streams, so only the bound applies to them."""
+        channels = self._channels[lane]
+        now = self._clock.now()
+        entry = channels.pop(address, None)
+        failed = grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        if entry is not None and entry.channel.get_state() == failed:
             # The peer was unreachable, and the channel would fail every call at once until its
             # reconnect back-off (up to minutes) ran out, even once the peer is back at the same
             # address, as a restarted device or container is. A new channel tries now.
-            self._closing.add(asyncio.ensure_future(entry[0].close()))
-            self._closing = {t for t in self._closing if not t.done()}
+            self._let_go(entry)
             entry = None
         if entry is None:
             # A channel pool of its own, so that the two lanes never share a connection.
@@ -415,9 +318,20 @@ class GrpcTransport:
             else:
                 creds = grpc.ssl_channel_credentials(tls.ca_pem, tls.key_pem, tls.cert_pem)
                 channel = grpc.aio.secure_channel(address, creds, options=options)
-            entry = (channel, murmur_pb2_grpc.MurmurStub(channel))  # type: ignore[no-untyped-call]
-            self._channels[key] = entry
-        return entry[1]
+            stub = murmur_pb2_grpc.MurmurStub(channel)  # type: ignore[no-untyped-call]
+            entry = _Channel(channel, stub, now)
+        entry.used = now
+        channels[address] = entry  # most recently used last
+        limit = self.cfg.control_channels if lane == "control" else self.cfg.bulk_channels
+        while len(channels) > limit:
+            self._let_go(channels.popitem(last=False)[1])
+        if lane == "control":
+            while channels:
+                oldest = next(iter(channels.values()))
+                if now - oldest.used <= self.cfg.control_idle_s:
+                    break
+                self._let_go(channels.popitem(last=False)[1])
+        return entry.stub
 
     async def call_hello(self, address: str, hello: Hello, timeout_s: float) -> Hello:
         try:
@@ -425,7 +339,12 @@ class GrpcTransport:
             reply = await stub.Hello(wire.hello_to_pb(hello), timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
             raise _map_error(address, err) from None
-        return wire.hello_from_pb(reply)
+        answer = wire.hello_from_pb(reply)
+        if self.screen is not None:
+            # Asked for, so not held to a budget; but checked off the event loop all the same.
+            records = (answer.self_, *answer.members)
+            await self.screen.screen(address, records, budgeted=False)
+        return answer
 
     async def call_push_delta(self, address: str, delta: Delta, timeout_s: float) -> int:
         try:
@@ -484,7 +403,9 @@ class GrpcTransport:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
-        channels, self._channels = self._channels, {}
-        for channel, _ in channels.values():
-            await channel.close()
+        for lane in self._channels.values():
+            while lane:
+                await lane.popitem()[1].channel.close()
         await asyncio.gather(*self._closing)
+        if self.screen is not None:
+            await asyncio.to_thread(self.screen.close)

@@ -73,3 +73,30 @@ def test_a_link_has_one_latency_both_ways_within_its_range() -> None:
     assert len(values) > 150  # spread out, not one value
     assert latency("x", "y") == latency("y", "x")
     assert LinkLatency(0.01, 0.05, seed=4)("x", "y") != latency("x", "y")
+
+
+def test_a_partition_loses_lossy_messages_between_groups_and_holds_reliable_ones() -> None:
+    q = EventQueue()
+    net = Network(q, lambda a, b: 0.25)
+    groups = {"a1": 1, "a2": 1, "b1": 2}
+    net.split(groups.__getitem__, start_s=1.0, duration_s=2.0)
+    arrivals: list[tuple[str, float]] = []
+    q.run_until(1.0)
+    assert net.send("a1", "b1", 10, lambda: arrivals.append(("across", q.now()))) is False
+    assert net.send("a1", "a2", 10, lambda: arrivals.append(("within", q.now())))
+    # A call the transport retries gets through once the partition ends.
+    assert net.send("b1", "a2", 10, lambda: arrivals.append(("call", q.now())), lossy=False)
+    q.run_until(2.9)
+    assert arrivals == [("within", 1.25)]
+    q.run_until(10.0)
+    assert arrivals == [("within", 1.25), ("call", 3.25)]
+    assert net.cut == 2
+    # Over: every message passes again.
+    assert net.send("a1", "b1", 10, lambda: arrivals.append(("after", q.now())))
+    q.run_until(20.0)
+    assert arrivals[-1] == ("after", 10.25)
+
+
+def test_a_partition_needs_a_positive_duration() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Network(EventQueue(), lambda a, b: 0.0).split(lambda a: a, 0.0, 0.0)

@@ -60,8 +60,9 @@ class Wire:
     def __post_init__(self) -> None:
         self.x = torch.randn(DIM, generator=torch.Generator().manual_seed(0))
         gen = torch.Generator().manual_seed(1)
-        self.sender = GossipState(self.x, get_codec(self.codec, 64), ManualClock(), gen, session=7)
-        self.receiver = GossipState(torch.zeros(DIM), get_codec(self.codec, 64), ManualClock())
+        codec = get_codec(self.codec, 64, 0.125)  # the sparse codecs send 8 of each 64
+        self.sender = GossipState(self.x, codec, ManualClock(), gen, session=7)
+        self.receiver = GossipState(torch.zeros(DIM), codec, ManualClock())
         self.receiver.admit("s")
         self.link = Link(LinkConfig(queue=self.queue, window=2), random.Random(0))
         self.history[0] = self.sender.public.clone()

@@ -10,7 +10,16 @@ import torch
 
 from gossip.clock import ManualClock
 from gossip.codecs import CodecError, Encoded, NonFiniteError, get_codec
-from gossip.replicas import GossipState, SequenceGap, StaleSequence, UnknownPeer
+from gossip.replicas import (
+    GossipState,
+    ImplausibleUpdate,
+    SequenceGap,
+    StaleSequence,
+    UnknownPeer,
+    UpdateGuard,
+    agreeing_pair,
+    relative_distance,
+)
 
 DIM = 300
 
@@ -18,7 +27,8 @@ DIM = 300
 def make_state(codec: str = "int8", seed: int = 0, session: int = 1) -> GossipState:
     x0 = torch.randn(DIM, generator=torch.Generator().manual_seed(seed))
     gen = torch.Generator().manual_seed(seed + 100)
-    return GossipState(x0, get_codec(codec, 64), ManualClock(), gen, session=session)
+    # fraction: the sparse codecs send 8 of each block of 64; the others ignore it.
+    return GossipState(x0, get_codec(codec, 64, 0.125), ManualClock(), gen, session=session)
 
 
 def drift(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -150,6 +160,38 @@ def test_malformed_deltas_change_nothing(
     assert torch.equal(receiver.replicas["s"].value, sender.public)
 
 
+def _poke(payload: Encoded, position: int, value: bytes) -> Encoded:
+    data = bytearray(payload.data)
+    data[position : position + len(value)] = value
+    return dataclasses.replace(payload, data=bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("codec", "corrupt"),
+    [
+        ("topk", lambda p: _poke(p, 0, b"\x40")),  # index 64 of a block of 64
+        ("topk", lambda p: _poke(p, 1, p.data[:1])),  # a repeated index
+        ("topk", lambda p: _poke(p, len(p.data) - 2, b"\x80\x7f")),  # bfloat16 infinity
+        ("randk", lambda p: _poke(p, len(p.data) - 2, b"\xc0\x7f")),  # bfloat16 NaN
+        ("randk", lambda p: dataclasses.replace(p, data=p.data[8:])),  # no seed
+        ("dct-topk", lambda p: _poke(p, len(p.data) - 1, b"\x80")),  # code -128
+        ("dct-topk", lambda p: dataclasses.replace(p, scales=b"\0\0\x80\xbf" + p.scales[4:])),
+    ],
+    ids=["index", "repeat", "inf", "nan", "seedless", "code", "negative-scale"],
+)
+def test_malformed_sparse_deltas_change_nothing(codec: str, corrupt: object) -> None:
+    sender, receiver = make_state(codec, seed=0), make_state(codec, seed=1, session=2)
+    receiver.admit("s")
+    snapshot_into(sender, receiver)
+    seq, payload = sender.make_delta(drift(sender.public, 0))
+    before = fingerprint(receiver)
+    with pytest.raises(CodecError):
+        receiver.receive_delta("s", sender.session, seq, corrupt(payload))  # type: ignore[operator]
+    assert fingerprint(receiver) == before
+    receiver.receive_delta("s", sender.session, seq, payload)
+    assert torch.equal(receiver.replicas["s"].value, sender.public)
+
+
 def test_snapshots_of_the_wrong_size_or_with_nan_are_refused(
     pair: tuple[GossipState, GossipState],
 ) -> None:
@@ -194,7 +236,7 @@ def test_silence_is_measured_on_the_injected_clock() -> None:
     assert state.silent_for("a") == 2.5
 
 
-@pytest.mark.parametrize("codec", ["fp32", "int8", "int4", "sign"])
+@pytest.mark.parametrize("codec", ["fp32", "int8", "int4", "sign", "topk", "randk", "dct-topk"])
 @pytest.mark.parametrize("loss", [0.0, 0.1, 0.4])
 @pytest.mark.parametrize("order", ["in-order", "duplicates", "reordered"])
 @pytest.mark.parametrize("seed", [0, 1])
@@ -253,3 +295,89 @@ def test_a_delta_that_would_overflow_the_replica_changes_nothing() -> None:
         state.receive_delta("a", 1, 1, payload)
     assert state.replicas["a"].seq == 0
     assert torch.equal(state.replicas["a"].value, big)
+
+
+def guarded(consistency: float | None = None, seed: int = 1) -> GossipState:
+    x0 = torch.randn(DIM, generator=torch.Generator().manual_seed(seed))
+    guard = UpdateGuard(consistency=consistency)
+    state = GossipState(x0, get_codec("fp32"), ManualClock(), session=seed, guard=guard)
+    for peer in ("s", "t"):
+        state.admit(peer)
+    return state
+
+
+def test_updates_that_would_move_a_replica_absurdly_far_change_nothing() -> None:
+    state = guarded()
+    near = state.public + 0.1 * torch.randn(DIM, generator=torch.Generator().manual_seed(7))
+    state.receive_snapshot("s", 1, 0, near)
+    assert 0 < state.largest_move < 0.2
+    before = fingerprint(state)
+    # A snapshot of 1e38 everywhere is finite; so is a delta of float32's largest steps.
+    with pytest.raises(ImplausibleUpdate, match="times our model's norm"):
+        state.receive_snapshot("t", 1, 0, torch.full((DIM,), 1e38))
+    with pytest.raises(ImplausibleUpdate):
+        state.receive_delta("s", 1, 1, get_codec("fp32").encode(torch.full((DIM,), 1e30)))
+    assert fingerprint(state) == before
+    # Honest drift applies.
+    seq = state.receive_delta("s", 1, 1, get_codec("fp32").encode(0.01 * near))
+    assert seq == 1
+
+
+def test_the_bound_is_our_own_model_so_a_replica_cannot_walk_away_step_by_step() -> None:
+    state = guarded()
+    state.receive_snapshot("s", 1, 0, state.public.clone())
+    step = get_codec("fp32").encode(state.public.clone())  # one whole norm a delta
+    norm = float(state.public.norm())
+    applied = 0
+    for seq in range(1, 100):
+        try:
+            state.receive_delta("s", 1, seq, step)
+        except ImplausibleUpdate:
+            break
+        applied += 1
+    # It walked as far as the bound and no further, however small each step.
+    assert applied == int(UpdateGuard().max_distance)
+    distance = float((state.replicas["s"].value - state.public).norm()) / norm
+    assert distance <= UpdateGuard().max_distance
+
+
+def test_a_model_near_zero_is_judged_against_a_floor() -> None:
+    state = GossipState(torch.zeros(DIM), get_codec("fp32"), ManualClock(), guard=UpdateGuard())
+    state.admit("s")
+    state.receive_snapshot("s", 1, 0, torch.full((DIM,), 0.1))  # ten times the floor of 0.01
+    with pytest.raises(ImplausibleUpdate):
+        state.receive_snapshot("s", 1, 1, torch.full((DIM,), 1.0))
+
+
+def test_with_robust_mixing_a_snapshot_must_agree_with_a_second_member() -> None:
+    state = guarded(consistency=1.0)
+    far = state.public * 10  # a scaled model: within the absurd bound, but no one's
+    # With no other neighbour to agree with, only the absurd bound applies.
+    state.receive_snapshot("s", 1, 0, far)
+    state.forget("s")
+    state.admit("s")
+    honest = state.public + 0.05 * torch.randn(DIM, generator=torch.Generator().manual_seed(8))
+    state.receive_snapshot("t", 1, 0, honest)
+    with pytest.raises(ImplausibleUpdate, match="other neighbours"):
+        state.receive_snapshot("s", 1, 0, far)
+    assert "s" not in state.replicas
+    # A model far from ours but near another neighbour's is consistent (we are the odd one).
+    state.public.mul_(-1)
+    state.receive_snapshot("s", 1, 0, honest + 0.01)
+    # Without robust mixing the scaled model is taken: it is not absurd.
+    plain = guarded()
+    plain.receive_snapshot("t", 1, 0, honest)
+    plain.receive_snapshot("s", 1, 0, far)
+
+
+def test_pulled_models_are_adopted_only_once_two_agree() -> None:
+    x = torch.randn(DIM, generator=torch.Generator().manual_seed(3))
+    near = x + 0.02 * torch.randn(DIM, generator=torch.Generator().manual_seed(4))
+    poisons = [torch.full((DIM,), 1e38), 10 * x, -x]
+    for poison in poisons:
+        assert agreeing_pair([poison, x]) is None
+        assert agreeing_pair([poison, x, near]) == (1, 2)
+        assert agreeing_pair([x, poison, near]) == (0, 2)
+    assert agreeing_pair([x, near]) == (0, 1)
+    assert agreeing_pair([x]) is None
+    assert relative_distance(x, x) == 0.0

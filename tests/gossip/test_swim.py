@@ -234,7 +234,7 @@ def test_records_are_signed_by_their_member_and_checked_by_others() -> None:
     assert status_of(a, "b") is Status.SUSPECT
     # But nobody else can move b, raise its incarnation, or say that it left.
     for forged in (
-        replace(b.me, address="sim://evil"),
+        replace(b.me, address="sim://evil", incarnation=4),
         replace(b.me, incarnation=9),
         replace(b.me, status=Status.LEFT),
     ):

@@ -13,6 +13,7 @@ import torch
 from gossip.codecs import get_codec
 from gossip.simulate import SyncSwarm, consensus_distance
 from gossip.topology import Graph, build, metropolis_hastings, mixing_matrix, spectral_gap
+from node.config import GossipConfig
 
 N, DIM, BLOCK = 16, 256, 64
 IDS = [f"n{i:02d}" for i in range(N)]
@@ -119,3 +120,54 @@ def test_without_public_copies_quantization_noise_never_goes_away(codec: str, ga
     # The naive scheme stalls at its quantization floor, orders of magnitude above CHOCO.
     assert naive >= start * 1e-6
     assert naive >= 1000 * choco.consensus_distance()
+
+
+SPARSE_BLOCK, SPARSE_FRACTION = 64, 0.125  # 8 values of each block of 64
+
+
+def sparse_gamma(codec: str) -> float:
+    """The step size a node picks by default for this codec at these settings."""
+    return GossipConfig(
+        codec=codec, block_size=SPARSE_BLOCK, compress_fraction=SPARSE_FRACTION
+    ).step_size
+
+
+@pytest.mark.parametrize(
+    ("codec", "max_rounds"),
+    # Twice the rounds bench/codec_gamma.py measured at these settings: 31, 128 and 31.
+    [("topk", 60), ("randk", 260), ("dct-topk", 60)],
+)
+def test_sparse_gossip_with_error_feedback_falls_ten_thousandfold_and_keeps_the_mean(
+    codec: str, max_rounds: int
+) -> None:
+    c = get_codec(codec, SPARSE_BLOCK, SPARSE_FRACTION)
+    swarm = SyncSwarm(build("exponential", IDS), initial(), c, sparse_gamma(codec))
+    mean0 = swarm.mean()
+    assert rounds_until(swarm, 1e4, max_rounds) is not None
+    assert relative_drift(swarm, mean0) < 1e-6
+    # Each node sent an eighth of the values (and their indices) each round, no more.
+    sent_per_round = swarm.bytes_sent / swarm.rounds
+    assert sent_per_round == sum(len(build("exponential", IDS).neighbours(i)) for i in IDS) * (
+        c.encoded_nbytes(DIM)
+    )
+
+
+def test_top_k_without_public_copies_stalls_where_choco_converges() -> None:
+    graph = build("exponential", IDS)
+    rounds = 60
+    start = consensus_distance(initial())
+    c = get_codec("topk", SPARSE_BLOCK, SPARSE_FRACTION)
+    choco = SyncSwarm(graph, initial(), c, sparse_gamma("topk"))
+    for _ in range(rounds):
+        choco.round()
+    x = initial()
+    weights = metropolis_hastings(graph)
+    for _ in range(rounds):  # each node sends top-k of x_i itself and mixes with what came
+        q = {i: c.decode(c.encode(x[i])) for i in graph.nodes}
+        for i in graph.nodes:
+            x[i] = x[i] + sparse_gamma("topk") * sum(
+                (w * (q[j] - q[i]) for j, w in weights[i].items()), torch.zeros(DIM)
+            )
+    naive = consensus_distance(x)
+    assert choco.consensus_distance() <= start * 1e-6
+    assert naive >= start * 0.1

@@ -70,6 +70,35 @@ def test_random_regular_refuses_impossible_degrees() -> None:
         random_regular(ids(5), 5)
 
 
+@pytest.mark.parametrize(("n", "k"), [(8, 7), (20, 7), (30, 9), (64, 12), (200, 16), (41, 30)])
+def test_random_regular_draws_high_degrees(n: int, k: int) -> None:
+    # The configuration model all but never drew k >= 7 (it tried 10,000 times for seconds).
+    for seed in range(3):
+        g = random_regular(ids(n), k, seed=seed)
+        assert all(g.degree(i) == k for i in g.nodes)
+        assert g.is_symmetric()
+        assert g.is_connected()
+        assert all(i not in g.neighbours(i) for i in g.nodes)
+    assert random_regular(ids(n), k, seed=5).adj == random_regular(ids(n), k, seed=5).adj
+
+
+def test_random_regular_draws_differ_by_seed_at_every_density() -> None:
+    for k in (2, 3, 8, 15):  # a cycle, sparse pairings, and the complement of one
+        graphs = {tuple(sorted(random_regular(ids(20), k, seed=s).adj.items())) for s in range(4)}
+        assert len(graphs) > 1, k
+
+
+def test_random_regular_refuses_degrees_with_no_connected_graph() -> None:
+    with pytest.raises(ValueError, match="no connected 1-regular graph on 4 nodes"):
+        random_regular(ids(4), 1)
+    with pytest.raises(ValueError, match="no connected 0-regular graph on 2 nodes"):
+        random_regular(ids(2), 0)
+    # build() raises such a degree to a (random) ring instead.
+    g = build("random-regular", ids(6), degree=1)
+    assert g.is_connected()
+    assert all(g.degree(i) == 2 for i in g.nodes)
+
+
 def test_unknown_topology() -> None:
     with pytest.raises(ValueError, match="unknown topology 'star'"):
         build("star", ids(4))

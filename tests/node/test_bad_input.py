@@ -116,6 +116,17 @@ def non_finite(d: pb.Delta) -> pb.Delta:
     return _with(d, payload_scales=struct.pack("<f", math.nan) + d.payload.scales[4:])
 
 
+def maximal(d: pb.Delta) -> pb.Delta:
+    """Every value as large as int8 codes with a huge (finite) scale make it: no overflow, but a
+    replica moved absurdly far."""
+    blocks = len(d.payload.scales) // 4
+    return _with(
+        d,
+        payload_scales=struct.pack("<f", 1e30) * blocks,
+        payload_data=b"\x7f" * len(d.payload.data),
+    )
+
+
 def unknown_sender(d: pb.Delta) -> pb.Delta:
     return _with(d, sender="e" * 32)
 
@@ -149,6 +160,7 @@ CASES: list[tuple[Callable[[pb.Delta], pb.Delta], grpc.StatusCode, str]] = [
     (wrong_block_count, INVALID, "bad_payload"),
     (wrong_block_size, INVALID, "bad_payload"),
     (non_finite, INVALID, "non_finite"),
+    (maximal, PRECONDITION, "implausible"),
     (no_payload, INVALID, "malformed"),
     (bad_sender_id, INVALID, "malformed"),
     (unknown_sender, PRECONDITION, "unknown_sender"),
@@ -250,8 +262,9 @@ def members(node: Node) -> list[MemberRecord]:
     [
         ("no-port-here", INVALID, "malformed", "is not host:port"),
         ("127.0.0.1:99999", INVALID, "malformed", "is not host:port"),
-        ("127.0.0.1:9", INVALID, "bad_address", "nobody answers at your address"),
-        ("PEER", INVALID, "bad_address", "another node"),
+        # The same answer whatever went wrong at the address: no port scanning through a node.
+        ("127.0.0.1:9", INVALID, "bad_address", "nobody answers as"),
+        ("PEER", INVALID, "bad_address", "nobody answers as"),
     ],
 )
 async def test_a_join_from_an_address_that_is_wrong_or_silent_changes_no_view(
@@ -266,6 +279,8 @@ async def test_a_join_from_an_address_that_is_wrong_or_silent_changes_no_view(
         await target.stub.Hello(hello)
     assert info.value.code() == code
     assert words in str(info.value.details())
+    for leak in ("UNAVAILABLE", "refused", "DEADLINE", PEER[:8]):  # what the call-back met
+        assert leak not in str(info.value.details())
     assert members(target.node) == before
     assert (await target.rejected()).get(reason) == 1
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,8 +132,8 @@ async def test_two_nodes_train_report_and_stop_cleanly(
     assert code == 0
     assert "neighbours (1)" in out
     code, _, err = await murmur_done("status", ready_b["address"], "--insecure", "--timeout", "2")
-    assert code == 1  # a TLS node does not talk plain TCP
-    assert "UNAVAILABLE" in err
+    assert code == 1  # a TLS node does not talk plain TCP, and says so
+    assert "it runs mutual TLS, so ask it with --tls-dir DIR" in err
 
     assert await a.stop(signal.SIGTERM) == 0
     assert await b.stop(signal.SIGINT) == 0
@@ -153,7 +154,11 @@ async def test_two_nodes_train_report_and_stop_cleanly(
         (["--device", "tpu", "--insecure"], "unknown device"),
         (["--task", "no.such:thing", "--insecure"], "cannot import no.such"),
         (["--listen", "nowhere"], "is not host:port"),
-        (["--step-time", "-1", "--insecure"], "step_time must not be negative"),
+        (["--step-time", "-1", "--insecure"], "--step-time -1: must be at least 0"),
+        (["--eval-every", "0", "--insecure"], "--eval-every 0: must be at least 1"),
+        (["--steps", "-5", "--insecure"], "--steps -5: must be at least 1"),
+        (["--threads", "0", "--insecure"], "--threads 0: must be at least 1"),
+        (["--wait-members", "0", "--insecure"], "--wait-members 0: must be at least 1"),
         (["--join", "127.0.0.1:9", "--wait-timeout", "0.5", "--insecure"], "did not answer"),
         ([], "murmur ca issue"),  # no certificate, and no --insecure
     ],
@@ -172,10 +177,94 @@ async def test_a_config_file_with_a_typo_is_refused(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text('[gossip]\ncodex = "int8"\n')
     code, _, err = await murmur_done("run", "--config", str(tmp_path / "bad.toml"))
     assert code == 2
-    assert "unknown key gossip.codex" in err
+    assert "unknown key gossip.codex; did you mean gossip.codec?" in err
+
+
+async def test_a_bad_setting_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """``insecure = "false"`` once ran a node over plain TCP: now nothing starts at all."""
+    (tmp_path / "bad.toml").write_text(f'state_dir = "{tmp_path / "state"}"\ninsecure = "false"\n')
+    code, out, err = await murmur_done("run", "--config", str(tmp_path / "bad.toml"))
+    assert code == 2
+    assert out == ""  # no ready line
+    assert f'{tmp_path / "bad.toml"} line 2: insecure = "false": expected true or false' in err
+    assert not (tmp_path / "state").exists()
+    assert "Traceback" not in err
 
 
 async def test_status_of_nobody_fails_clearly() -> None:
     code, _, err = await murmur_done("status", "127.0.0.1:9", "--timeout", "1", "--insecure")
     assert code == 1
     assert "UNAVAILABLE" in err
+
+
+async def test_a_metrics_port_in_use_is_named(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = await murmur_done(
+            "run",
+            "--insecure",
+            "--state-dir",
+            str(tmp_path),
+            "--listen",
+            "127.0.0.1:0",
+            "--device",
+            "cpu",
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(port),
+        )
+    assert code == 2
+    assert f"cannot serve metrics on 127.0.0.1:{port}: Address already in use" in err
+
+
+async def test_a_listen_port_in_use_is_named_without_grpcs_own_lines(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        code, _, err = await murmur_done(
+            "run",
+            "--insecure",
+            "--state-dir",
+            str(tmp_path),
+            "--device",
+            "cpu",
+            "--listen",
+            address,
+        )
+    assert code == 2
+    assert f"cannot listen on {address}: the port is taken" in err
+    assert "add_port.cc" not in err  # gRPC's C-core logging is off unless asked for
+
+
+async def test_json_logs_are_one_object_per_line(tmp_path: Path, dead_port: int) -> None:
+    code, _, err = await murmur_done(
+        "run",
+        "--log-format",
+        "json",
+        "--insecure",
+        "--state-dir",
+        str(tmp_path),
+        "--listen",
+        "127.0.0.1:0",
+        "--device",
+        "cpu",
+        "--join",
+        f"127.0.0.1:{dead_port}",
+        "--wait-timeout",
+        "0.5",
+    )
+    assert code == 2
+    records = [json.loads(line) for line in err.splitlines()]
+    assert {"time", "level", "logger", "message"} <= set(records[0])
+    assert any(r["level"] == "ERROR" and "did not answer" in r["message"] for r in records)
+
+
+@pytest.fixture
+def dead_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
+import urllib.error
 import urllib.request
 from functools import partial
 from pathlib import Path
 
+import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from node import wire
+from node.metrics import metrics_host
 from node.node import Node
-from tests.node.helpers import memory_swarm
+from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, init_ca, issue_node
+from node.status import MAX_STATUS_MEMBERS, format_status
+from tests.node.helpers import config, fixed_identity, memory_swarm, signed_record
 
 TIMEOUT_S = 60.0
 
@@ -76,3 +83,87 @@ async def test_a_scrape_reads_the_nodes_training_gossip_and_membership(tmp_path:
     info = metrics["murmur_node_info"].samples[0].labels
     assert info["node_id"] == node.node_id
     assert info["codec"] == "int8"
+
+
+def bound_host(node: Node) -> str:
+    assert node.metrics_server is not None
+    return str(node.metrics_server.server.server_address[0])
+
+
+@pytest.mark.parametrize(
+    ("listen", "host"), [("127.0.0.1:0", "127.0.0.1"), ("0.0.0.0:0", "127.0.0.1")]
+)
+async def test_metrics_bind_the_listen_host_or_loopback_unless_told(
+    tmp_path: Path, listen: str, host: str
+) -> None:
+    node = await Node.create(config(tmp_path, listen=listen, metrics_port=0, wait_members=2))
+    await node.start()
+    try:
+        assert bound_host(node) == host
+    finally:
+        await node.stop(grace_s=0)
+    assert metrics_host("10.1.2.3:7070") == "10.1.2.3"
+    assert metrics_host("[::]:7070") == "127.0.0.1"
+
+
+async def test_metrics_over_mutual_tls_serve_only_certificates_of_the_swarm(
+    tmp_path: Path,
+) -> None:
+    init_ca(tmp_path / "ca")
+    issue_node(tmp_path / "ca", tmp_path / "node", "node")
+    issue_node(tmp_path / "ca", tmp_path / "me", "me")
+    cfg = config(
+        tmp_path / "node", insecure=False, metrics_port=0, metrics_tls=True, wait_members=2
+    )
+    node = await Node.create(cfg)
+    await node.start()
+    assert node.metrics_server is not None
+    url = f"https://127.0.0.1:{node.metrics_server.port}/metrics"
+
+    def get(cert_dir: Path | None) -> str:
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca" / CA_CERT_FILE))
+        context.check_hostname = False  # node certificates name the swarm, not an address
+        if cert_dir is not None:
+            context.load_cert_chain(cert_dir / CERT_FILE, cert_dir / KEY_FILE)
+        with urllib.request.urlopen(url, timeout=10, context=context) as response:
+            return str(response.read().decode())
+
+    try:
+        text = await asyncio.to_thread(get, tmp_path / "me")
+        assert "murmur_up 1.0" in text
+        # An SSL alert, a URLError or a reset, depending on when the server hangs up.
+        refused = (ssl.SSLError, urllib.error.URLError, ConnectionError)
+        with pytest.raises(refused):
+            await asyncio.to_thread(get, None)  # no client certificate
+        with pytest.raises(refused):
+            await asyncio.to_thread(  # plain HTTP
+                lambda: urllib.request.urlopen(url.replace("https", "http"), timeout=10).read()
+            )
+    finally:
+        await node.stop(grace_s=0)
+    with pytest.raises(ValueError, match="--metrics-tls"):
+        config(tmp_path, metrics_tls=True, insecure=True)
+
+
+async def test_status_and_scrapes_stay_small_however_many_members_a_node_knows(
+    tmp_path: Path,
+) -> None:
+    async with memory_swarm(tmp_path, 1, {"metrics_port": 0, "metrics_host": "127.0.0.1"}) as nodes:
+        node = nodes[0]
+        many = [
+            signed_record(fixed_identity(1000 + i), f"10.0.{i // 250}.{i % 250}:7070")
+            for i in range(600)
+        ]
+        node.peers.swim.merge(many)  # without a CA, any key may make up a member
+        status = await node.status()
+        assert len(status.members) == MAX_STATUS_MEMBERS
+        assert status.members[0].node_id == node.node_id
+        assert status.member_counts["alive"] == 601
+        assert status.live_members == 601
+        assert wire.status_to_pb(status).ByteSize() < 64 * 1024
+        assert "... and 537 more" in format_status(status)
+        metrics = await scrape(node)
+        assert value(metrics["murmur_members"], status="alive") == 601
+        back = wire.status_from_pb(wire.status_to_pb(status))
+        assert back.member_counts == status.member_counts
+        assert all(not m.certificate for m in back.members)

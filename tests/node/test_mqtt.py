@@ -4,6 +4,7 @@ a node is killed or its broker goes away."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import random
 import signal
@@ -18,7 +19,7 @@ import aiomqtt
 import pytest
 
 from node.config import NodeConfig
-from node.monitor import SwarmBoard
+from node.monitor import MonitorConfig, SwarmBoard, run_monitor
 from node.mqtt import Backoff, MqttBridge
 from node.mqtt_messages import (
     MqttConfig,
@@ -47,8 +48,12 @@ SCHEMA: dict[str, tuple[type, ...]] = {
     "step": (int,),
     "step_budget": (int,),
     "training_done": (bool,),
-    "loss": (float, type(None)),
-    "accuracy": (float,),
+    "train_loss": (float, type(None)),
+    "eval_loss": (float, type(None)),
+    "eval_accuracy": (float,),
+    "eval_step": (int,),
+    "eval_age_s": (float,),
+    "interval_s": (float,),
     "rounds": (int,),
     "bytes_sent": (int,),
     "bytes_sent_fp32": (int,),
@@ -131,8 +136,8 @@ def _status(**overrides: Any) -> NodeStatus:
         step=0,
         step_budget=0,
         training_done=False,
-        loss=float("nan"),
-        accuracy=-1.0,
+        train_loss=float("nan"),
+        eval_accuracy=-1.0,
         rounds=0,
         bytes_sent=0,
         bytes_sent_fp32=0,
@@ -143,10 +148,10 @@ def _status(**overrides: Any) -> NodeStatus:
 
 
 def test_a_status_before_the_first_step_is_valid_json() -> None:
-    payload = status_payload(_status(), online=True, now=12.5)
+    payload = status_payload(_status(), online=True, now=12.5, interval_s=2.0)
     data = json.loads(payload, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
-    assert data["loss"] is None
-    assert (data["online"], data["time"]) == (True, 12.5)
+    assert (data["train_loss"], data["eval_loss"], data["eval_step"]) == (None, None, -1)
+    assert (data["online"], data["time"], data["interval_s"]) == (True, 12.5, 2.0)
     assert parse_status(payload) == data
     for bad in (b"{", b"[]", b'{"node_id": 1}', json.dumps({**data, "step": True}).encode()):
         assert parse_status(bad) is None
@@ -156,24 +161,26 @@ def test_the_board_takes_liveness_from_the_online_topic() -> None:
     board = SwarmBoard(MqttConfig(url="mqtt://h", swarm="s"))
     a, b = "a" * 32, "b" * 32
     for node_id, step in ((a, 10), (b, 20)):
-        payload = status_payload(_status(node_id=node_id, step=step), online=True, now=100.0)
-        board.receive(f"murmur/s/{node_id}/status", payload)
+        payload = status_payload(_status(node_id=node_id, step=step), True, 100.0, 2.0)
+        board.receive(f"murmur/s/{node_id}/status", payload, now=100.0)
     board.receive(f"murmur/s/{b}/online", b"false")  # killed: its status still says online
     board.receive(f"murmur/s/{a}/status", b"{not json")
     board.receive(f"murmur/s/{a}/online", b"perhaps")
-    board.receive(f"murmur/s/{b}/status", status_payload(_status(node_id=a), True, 0.0))
+    board.receive(f"murmur/s/{b}/status", status_payload(_status(node_id=a), True, 0.0, 2.0))
     board.receive(f"murmur/other/{a}/online", b"false")
-    assert [(s["node_id"], s["step"], s["online"]) for s in board.statuses()] == [
+    assert [(s["node_id"], s["step"], s["online"]) for s in board.statuses(103.0)] == [
         (a, 10, True),
         (b, 20, False),
     ]
-    rows = board.table(now=103.0).splitlines()
-    assert rows[0].endswith("2 nodes, 1 online")
-    assert rows[2].split()[:3] == [a[:12], "127.0.0.1:1", "yes"]
-    assert rows[3].split()[2] == "no"
-    assert rows[3].endswith("3s ago")
+    rows = board.table(now=103.0, width=100).splitlines()
+    assert rows[0].startswith("swarm s: 2 nodes, 1 online, 1 offline; mqtt://h:1883")
+    [row_a] = [r.split() for r in rows if r.startswith(a[:12])]
+    [row_b] = [r.split() for r in rows if r.startswith(b[:12])]
+    assert row_a[1:3] == ["127.0.0.1:1", "online"]
+    assert row_b[2] == "offline"
+    assert row_b[-1] == "3.0s"  # last seen
     board.receive(f"murmur/s/{b}/status", b"")  # a retained status deleted by hand
-    assert [s["node_id"] for s in json.loads(board.to_json())] == [a]
+    assert [s["node_id"] for s in json.loads(board.to_json(103.0))] == [a]
 
 
 # -- one node in this process -----------------------------------------------------------------
@@ -242,7 +249,7 @@ async def test_status_messages_follow_the_documented_schema(
             assert online == b"true"
             # A status from after the first evaluation (step 100) carries every figure.
             _, payload = await next_message(
-                sub, lambda t, p: t == f"{mine}/status" and json.loads(p)["accuracy"] >= 0
+                sub, lambda t, p: t == f"{mine}/status" and json.loads(p)["eval_accuracy"] >= 0
             )
             status = json.loads(payload)
             check_schema(status)
@@ -482,14 +489,21 @@ async def test_the_last_will_marks_a_killed_node_offline(
         await next_message(sub, lambda t, _: t == topic.replace("online", "status"))
         p.proc.kill()  # SIGKILL: no goodbye; the broker sees the connection drop
         await next_message(sub, lambda t, m: t == topic and m == b"false")
-    cmd = ["monitor", "--mqtt", broker.url, "--prefix", "fleet", "--once", "--timeout", "0.5"]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "node", *cmd, stdout=asyncio.subprocess.PIPE
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
-    row = [ln for ln in out.decode().splitlines() if ln.startswith(ready["node_id"][:12])]
-    assert len(row) == 1, out.decode()
-    assert " no " in row[0]
+    cmd = ["monitor", "--mqtt", broker.url, "--mqtt-prefix", "fleet", "--once", "--timeout", "0.5"]
+    for extra in ([], ["--hide-departed", "--width", "60"]):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "node", *cmd, *extra, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
+        text = out.decode()
+        row = [ln for ln in text.splitlines() if ln.startswith(ready["node_id"][:8])]
+        if extra:  # the departed node is left out, and the title says so
+            assert not row, text
+            assert all(len(line) <= 60 for line in text.splitlines()), text
+            assert text.startswith("swarm default: 1 node, 1 offline, 1 departed hidden; mqtt")
+        else:
+            assert len(row) == 1, text
+            assert " offline " in row[0]
 
 
 @pytest.mark.timeout(90)
@@ -545,3 +559,56 @@ async def test_a_broker_that_does_not_exist_costs_one_warning(
     warnings = mqtt_warnings(p.log)
     assert len(warnings) == 1
     assert "telemetry paused" in warnings[0]
+
+
+@pytest.mark.timeout(120)
+async def test_a_node_killed_while_the_broker_was_down_shows_as_stale(
+    tmp_path: Path, procs: Launch
+) -> None:
+    """Issue 13: the broker crashes (its retained messages saved, as a production broker
+    keeps them), a node is killed meanwhile, the broker comes back. The killed node's last
+    will never reached it: its retained flag says online for good. The monitor calls it stale,
+    and a node that lived on online."""
+    broker = MosquittoBroker(tmp_path, persistent=True)
+    broker.start()
+    try:
+        flags = ["--mqtt", broker.url, "--mqtt-interval", "0.3", "--swarm", "crash"]
+        dead, dead_ready = await procs("dead", *flags)
+        _, live_ready = await procs("live", *flags)
+        topic = f"murmur/crash/{dead_ready['node_id']}"
+        async with subscribed(broker.url, f"{topic}/status") as sub:
+            await next_message(sub, lambda *_: True)
+        heard = time.time()
+
+        async def saved() -> bool:  # the broker saves every second; then it may crash
+            return broker.db.exists() and broker.db.stat().st_mtime > heard
+
+        await poll(saved, "the broker to save its retained messages", TIMEOUT_S)
+        broker.stop(kill=True)
+        dead.proc.kill()
+        await dead.proc.wait()
+        broker.start()
+        restarted = time.time()
+        got = await retained(broker.url, f"{topic}/+")
+        assert got[f"{topic}/online"] == b"true"  # the will never came: online for good
+        live_status = f"murmur/crash/{live_ready['node_id']}/status"
+        async with subscribed(broker.url, live_status) as sub:
+            await next_message(sub, lambda _, p: json.loads(p)["time"] > restarted)
+
+        # The monitor, a minute on: the live node's statuses keep coming, the dead one's not.
+        out = io.StringIO()
+        mqtt = MqttConfig(url=broker.url, swarm="crash")
+        cfg = MonitorConfig(mqtt, once=True, timeout_s=1.0, width=80)
+        assert await run_monitor(cfg, out, clock=lambda: time.time() + 60) == 0
+    finally:
+        broker.stop()
+    text = out.getvalue()
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    rows = {
+        ln[:8]: ln.split()
+        for ln in text.splitlines()
+        if ln[:8] in (dead_ready["node_id"][:8], live_ready["node_id"][:8])
+    }
+    assert "stale" in rows[dead_ready["node_id"][:8]], text
+    assert "online" in rows[live_ready["node_id"][:8]], text
+    assert text.startswith("swarm crash: 2 nodes, 1 online, 1 stale; ")

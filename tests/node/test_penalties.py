@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from gossip.clock import ManualClock
-from node.penalties import COUNTED_REASONS, Penalties, PenaltyConfig, RateConfig, RateLimiter
+from node.penalties import (
+    COUNTED_REASONS,
+    LogLimiter,
+    Penalties,
+    PenaltyConfig,
+    RateConfig,
+    RateLimiter,
+    held_back,
+)
 from node.transport.base import Reason
 
 A, B = "a" * 32, "b" * 32
@@ -52,6 +60,8 @@ def test_every_reason_that_says_the_message_is_bad_counts() -> None:
         Reason.IDENTITY,
         Reason.FINGERPRINT,
         Reason.PROTOCOL_VERSION,
+        Reason.UNADMITTED,
+        Reason.IMPLAUSIBLE,
     } == COUNTED_REASONS
     p = Penalties(CFG, ManualClock())
     for reason in sorted(COUNTED_REASONS)[:3]:
@@ -114,3 +124,15 @@ def test_the_rate_limiter_forgets_the_least_recent_senders() -> None:
     for other in ("b", "c", "d"):  # pushes "a" out, so it starts with a full bucket again
         limiter.allow(other)
     assert limiter.allow("a")
+
+
+def test_log_lines_about_one_peer_are_rate_limited_and_say_what_was_held_back() -> None:
+    clock = ManualClock()
+    limiter = LogLimiter(clock, period_s=60.0, burst=2)
+    assert [limiter.allow("mallory") for _ in range(5)] == [0, 0, None, None, None]
+    assert limiter.allow("bob") == 0  # others have lines of their own
+    clock.advance(60.0)
+    assert limiter.allow("mallory") == 3  # the next line says three were held back
+    assert held_back(3) == " (3 more like it held back)"
+    assert held_back(0) == ""
+    assert limiter.held == 3

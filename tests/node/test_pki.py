@@ -115,6 +115,7 @@ def test_a_key_of_another_kind_is_refused_with_what_to_do(tmp_path: Path) -> Non
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     (tmp_path / KEY_FILE).write_bytes(pem)
+    (tmp_path / KEY_FILE).chmod(0o600)
     with pytest.raises(ValueError, match=r"Ed25519.*remove the file.*another state dir"):
         load_or_create_identity(tmp_path)
 
@@ -296,3 +297,26 @@ async def test_mutual_tls_refuses_a_client_without_a_certificate(server: TlsServ
         await call_status(server.address, creds)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert server.servicer.client_ids == []
+
+
+def test_a_key_every_user_may_read_is_refused_and_one_its_group_may_is_warned_about(
+    ca_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    issue_node(ca_dir, tmp_path / "n", "n")
+    key = tmp_path / "n" / KEY_FILE
+    key.chmod(0o644)
+    with pytest.raises(ValueError, match=r"accessible to every user.*chmod 600"):
+        load_tls(tmp_path / "n")
+    with pytest.raises(ValueError, match="accessible to every user"):
+        load_or_create_identity(tmp_path / "n")
+    key.chmod(0o640)
+    with caplog.at_level("WARNING"):
+        load_tls(tmp_path / "n")
+    assert "UNPROTECTED PRIVATE KEY" in caplog.text
+    key.chmod(0o600)
+    caplog.clear()
+    load_tls(tmp_path / "n")
+    assert "UNPROTECTED" not in caplog.text
+    (ca_dir / CA_KEY_FILE).chmod(0o604)  # the CA's key too
+    with pytest.raises(ValueError, match="accessible to every user"):
+        issue_node(ca_dir, tmp_path / "m", "m")

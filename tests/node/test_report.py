@@ -156,7 +156,7 @@ def test_a_report_of_three_nodes_one_restarting(tmp_path: Path) -> None:
         "0.9300",
         "0.9100",
     ]
-    assert rows["node-1"]["best accuracy"] == "0.9500"
+    assert rows["node-1"]["best eval accuracy"] == "0.9500"
     assert [rows[d]["restarts"] for d in ("node-0", "node-1", "node-2")] == ["0", "0", "1"]
     assert [rows[d]["pulled model"] for d in ("node-0", "node-1", "node-2")] == ["no", "yes", "no"]
     assert rows["node-2"]["steps"] == "300"
@@ -273,7 +273,7 @@ def check_real_report(run: Path, out: str, ids: list[str]) -> None:
     assert [rows[f"node-{i}"]["pulled model"] for i in range(3)] == ["no", "yes", "yes"]
     assert {r["restarts"] for r in rows.values()} == {"0"}
     for row in rows.values():
-        assert 0.0 < float(row["last eval accuracy"]) <= float(row["best accuracy"]) <= 1.0
+        assert 0.0 < float(row["last eval accuracy"]) <= float(row["best eval accuracy"]) <= 1.0
         assert int(row["rounds"]) > 0
         assert 0.0 <= float(row["distance to average (RMS)"]) < 0.1
 

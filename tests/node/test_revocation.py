@@ -4,7 +4,7 @@ without a restart."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
 
@@ -16,7 +16,7 @@ from node.pki import init_ca, issue_node, load_tls
 from node.revocation import REVOKED_FILE, parse_revocations, revoke
 from node.transport.base import Reason, Rejected
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
-from tests.node.helpers import config
+from tests.node.helpers import config, poll
 
 TIMEOUT_S = 60.0
 
@@ -92,3 +92,57 @@ def test_a_list_not_signed_by_the_swarms_ca_is_refused(tmp_path: Path) -> None:
     again = revoke(tmp_path / "other", ["b" * 32])  # versions grow, ids accumulate
     assert again.version == forged.version + 1
     assert again.node_ids == {"a" * 32, "b" * 32}
+
+
+@pytest.fixture
+async def lone(tmp_path: Path) -> AsyncIterator[Node]:
+    """One node over mutual TLS whose key and certificate live in a TLS dir of their own."""
+    init_ca(tmp_path / "ca")
+    issue_node(tmp_path / "ca", tmp_path / "tls", "lone")
+    cfg = config(
+        tmp_path / "state",
+        insecure=False,
+        tls_dir=tmp_path / "tls",
+        wait_members=2,
+        wait_timeout_s=3600,
+    )
+    node = await Node.create(cfg)
+    await node.start()
+    yield node
+    await node.stop(grace_s=0)
+
+
+def refused(node: Node, n: int) -> bool:
+    return node.counters.rejected["bad_revocations"] >= n
+
+
+async def soon(check: Callable[[], bool], what: str) -> None:
+    """The file watcher wakes no waiter: poll it, with a deadline."""
+
+    async def ask() -> bool:
+        return check()
+
+    await poll(ask, what, TIMEOUT_S)
+
+
+async def test_a_bad_list_dropped_in_is_refused_and_counted_and_the_node_goes_on(
+    lone: Node, tmp_path: Path
+) -> None:
+    path = tmp_path / "state" / REVOKED_FILE
+    for i, blob in enumerate([b"[" * 100_000 + b"]" * 100_000, b"{" * 50_000, b"x" * (2 << 20)]):
+        path.write_bytes(blob)
+        await soon(partial(refused, lone, i + 1), f"refusal {i}")
+    assert lone.failure is None
+    # A good list dropped in the same place is taken at once.
+    revoke(tmp_path / "ca", ["d" * 32])
+    shutil.copy(tmp_path / "ca" / REVOKED_FILE, path)
+    await soon(lambda: "d" * 32 in lone.peers.revocations.node_ids, "the good list")
+
+
+async def test_lists_are_read_from_the_state_dir_whatever_the_tls_dir(
+    lone: Node, tmp_path: Path
+) -> None:
+    revoke(tmp_path / "ca", ["e" * 32])
+    shutil.copy(tmp_path / "ca" / REVOKED_FILE, tmp_path / "state" / REVOKED_FILE)
+    await soon(lambda: "e" * 32 in lone.peers.revocations.node_ids, "the list")
+    assert not (tmp_path / "tls" / REVOKED_FILE).exists()  # kept where it was read from

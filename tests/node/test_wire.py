@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+
 import pytest
 import torch
 
@@ -38,14 +42,37 @@ def test_hello_round_trips() -> None:
     )
 
 
-@pytest.mark.parametrize("codec", ["fp32", "int8", "int4", "sign"])
+@pytest.mark.parametrize("codec", ["fp32", "int8", "int4", "sign", "topk", "randk", "dct-topk"])
 def test_delta_round_trips_and_its_size_is_counted_exactly(codec: str) -> None:
-    payload = get_codec(codec, 64).encode(torch.randn(1000))
+    payload = get_codec(codec, 64, 0.125).encode(torch.randn(1000))
     delta = Delta("a1", 2**62, 17, 400, payload, degree=6)
     raw = wire.delta_to_pb(delta).SerializeToString()
     assert wire.delta_from_pb(pb.Delta.FromString(raw)) == delta
     assert wire.delta_nbytes(delta) == len(raw)
     assert wire.delta_fp32_nbytes(delta) - len(raw) == 4000 - payload.nbytes
+
+
+def test_a_sparse_codecs_fraction_travels_in_the_fingerprint() -> None:
+    fp = TaskFingerprint.of(FP.params, get_codec("topk", 256, 0.01))
+    assert (fp.codec, fp.block_size, fp.fraction) == ("topk", 256, 0.01)
+    raw = wire.fingerprint_to_pb(fp).SerializeToString()
+    assert wire.fingerprint_from_pb(pb.TaskFingerprint.FromString(raw)) == fp
+    other = TaskFingerprint.of(FP.params, get_codec("topk", 256, 0.02))
+    assert fp.differences(other) == ["compression fraction: we have 0.01, they have 0.02"]
+    assert fp.digest() != other.digest()
+    # A dense codec has no fraction, whatever the setting: nodes agree, digests stay as before.
+    dense = TaskFingerprint.of(FP.params, get_codec("int4", 64, 0.3))
+    assert dense == FP
+    old = [[[p.name, list(p.shape), p.dtype] for p in FP.params], "int4", 64]
+    assert dense.digest() == hashlib.sha256(json.dumps(old).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("fraction", [math.nan, -0.5, 1.5, math.inf])
+def test_a_fingerprint_with_a_fraction_out_of_range_is_refused(fraction: float) -> None:
+    message = pb.TaskFingerprint(codec="topk", block_size=256, fraction=fraction)
+    with pytest.raises(Rejected) as info:
+        wire.fingerprint_from_pb(message)
+    assert info.value.reason is Reason.MALFORMED
 
 
 def test_snapshot_size_is_counted_without_building_the_chunks() -> None:
@@ -85,7 +112,10 @@ def test_malformed_deltas_are_refused() -> None:
 
 @pytest.mark.parametrize("kind", list(Kind))
 def test_membership_messages_round_trip(kind: Kind) -> None:
-    updates = (MemberRecord("a1", "h:1", 2), MemberRecord("c3", "[::1]:7", 9, Status.SUSPECT))
+    updates = (
+        MemberRecord("a1", "h:1", 2),
+        MemberRecord("c3", "[::1]:7", 9, Status.SUSPECT, accuser="a1", accuser_signature=b"s"),
+    )
     message = SwimMessage(kind, "a1", "h:1", 44, "c3" if kind is Kind.PING_REQ else "", updates)
     raw = wire.swim_to_pb(message, PROTOCOL_VERSION).SerializeToString()
     assert wire.swim_from_pb(pb.SwimMessage.FromString(raw)) == (PROTOCOL_VERSION, message)
@@ -106,11 +136,33 @@ def test_membership_messages_round_trip(kind: Kind) -> None:
         pb.SwimMessage(
             sender="a1", sender_address="h:1", updates=[pb.Member(node_id="b", address="h:0")]
         ),
+        pb.SwimMessage(
+            sender="a1",
+            sender_address="h:1",
+            updates=[pb.Member(node_id="b", address="h:2", status=pb.DEAD, accuser="x y")],
+        ),
+        pb.SwimMessage(
+            sender="a1",
+            sender_address="h:1",
+            updates=[pb.Member(node_id="b", address="h:2", accuser_signature=b"s" * 513)],
+        ),
     ],
 )
 def test_malformed_membership_messages_are_refused(message: pb.SwimMessage) -> None:
     with pytest.raises(Rejected) as info:
         wire.swim_from_pb(message)
+    assert info.value.reason is Reason.MALFORMED
+
+
+def test_a_push_pull_carries_a_full_state_where_a_ping_is_bounded() -> None:
+    records = tuple(MemberRecord(f"m{i}", f"h:{i + 1}", 1) for i in range(512))
+    for kind in (Kind.PUSH_PULL, Kind.PUSH_PULL_REPLY):
+        message = SwimMessage(kind, "a1", "h:1", 3, "", records)
+        raw = wire.swim_to_pb(message, PROTOCOL_VERSION).SerializeToString()
+        assert wire.swim_from_pb(pb.SwimMessage.FromString(raw))[1].updates == records
+    ping = SwimMessage(Kind.PING, "a1", "h:1", 3, "", records[: wire.MAX_SWIM_UPDATES + 1])
+    with pytest.raises(Rejected) as info:
+        wire.swim_from_pb(pb.SwimMessage.FromString(wire.swim_to_pb(ping, 1).SerializeToString()))
     assert info.value.reason is Reason.MALFORMED
 
 

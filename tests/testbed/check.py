@@ -374,13 +374,14 @@ class Run:
             cfg.run_timeout_s,
         )
         final = {self.name(i): self.last(i) for i in self.ids}
-        self.say(
-            "every node is done: " + ", ".join(f"{n} {s['accuracy']:.4f}" for n, s in final.items())
-        )
+        accuracy = {n: s["eval_accuracy"] for n, s in final.items()}
+        self.say("every node is done: " + ", ".join(f"{n} {a:.4f}" for n, a in accuracy.items()))
         for name, s in final.items():
             check(s["step"] == cfg.steps, f"{name} stopped at step {s['step']}")
-            check(s["accuracy"] >= cfg.target, f"{name} reached {s['accuracy']:.4f} < {cfg.target}")
-        self.summary["accuracy"] = {n: round(s["accuracy"], 4) for n, s in final.items()}
+            check(
+                accuracy[name] >= cfg.target, f"{name} reached {accuracy[name]:.4f} < {cfg.target}"
+            )
+        self.summary["accuracy"] = {n: round(a, 4) for n, a in accuracy.items()}
 
     async def stop_and_report(self) -> None:
         """A clean stop: every node leaves, says goodbye on the broker (which stays up to hear

@@ -1,0 +1,311 @@
+"""The settings of ``murmur run`` as one typed schema (pydantic, strict types): the TOML file,
+the ``MURMUR_*`` environment variables and the flags all go through it
+(:mod:`node.settings_sources` reads and checks them), so that a wrong type, a value out of range
+or an unknown key is refused before anything starts.
+
+This module imports neither torch nor the node, so ``murmur --help`` stays fast and can show
+every default from here; :func:`node.config.node_config` turns validated settings into the
+frozen per-component configs the rest of the code uses.
+
+Keys: in a file, a field's name (``wait_members``), the same with dashes (``wait-members``), or
+its flag's name (``compress`` for ``gossip.codec``, ``steps`` for ``trainer.steps``,
+``shard = "1/4"``), at the top level or in the field's table. In the environment, the field's
+path (``MURMUR_WAIT_MEMBERS``, ``MURMUR_GOSSIP__CODEC``) or a flag's name (``MURMUR_STEPS``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_settings import NoDecode
+
+__all__ = [
+    "ATTACKS",
+    "CODEC_NAMES",
+    "ENV_NOT_SETTINGS",
+    "ENV_PREFIX",
+    "FLAG_KEYS",
+    "SECTIONS",
+    "TOPOLOGY_NAMES",
+    "GossipSettings",
+    "MembershipSettings",
+    "RunSettings",
+    "TrainerSettings",
+    "default_of",
+    "description_of",
+    "keys",
+]
+
+#: The codecs of ``gossip/codecs.py`` (``none`` is fp32), named here so that the CLI need not
+#: import torch to list them; a test checks that they agree.
+CODEC_NAMES = ("none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk")
+#: The graphs of ``gossip/topology.py`` (likewise checked by a test).
+TOPOLOGY_NAMES = ("ring", "exponential", "random-regular")
+#: Test-only attacks a node can mount on its neighbours (``GossipConfig.attack``).
+ATTACKS = ("scale", "flip", "random")
+ENV_PREFIX = "MURMUR_"
+#: Variables with the prefix that are not settings: the testbed's (its entry point reads
+#: MURMUR_NAME, docker/compose.yml MURMUR_IMAGE).
+ENV_NOT_SETTINGS = frozenset({"MURMUR_NAME", "MURMUR_IMAGE"})
+
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def _check_address(address: str) -> str:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{address!r} is not host:port (e.g. 0.0.0.0:7070)")
+    return address
+
+
+def _check_device(device: str) -> str:
+    if not _DEVICE.fullmatch(device):
+        raise ValueError(f"unknown device {device!r}: use auto, cpu, cuda, cuda:N or mps")
+    return device
+
+
+def _addresses(value: object) -> object:
+    """A list of addresses; a string is one address (or several, comma-separated, as an
+    environment variable holds them)."""
+    if isinstance(value, str):
+        return tuple(a.strip() for a in value.split(",") if a.strip())
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+Address = Annotated[str, AfterValidator(_check_address)]
+Addresses = Annotated[tuple[Address, ...], NoDecode, BeforeValidator(_addresses)]
+# Paths come as strings from every source; a strict Path would refuse them all.
+PathSetting = Annotated[Path, Field(strict=False)]
+Positive = Annotated[float, Field(gt=0)]
+AtLeastOne = Annotated[int, Field(ge=1)]
+Fraction = Annotated[float, Field(ge=0, lt=1)]
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class TrainerSettings(_Schema):
+    """``[trainer]``: :class:`node.trainer.TrainerConfig` (its ``seed`` is the node's)."""
+
+    steps: AtLeastOne | None = Field(None, description="local step budget")  # none: until stopped
+    eval_every: AtLeastOne = Field(100, description="evaluate every this many steps")  # ~1 s
+    step_time: Annotated[float, Field(ge=0)] = Field(  # 0: as fast as the device computes
+        0.0, description="emulate a device whose step takes at least this many seconds"
+    )
+    slowdown: Annotated[float, Field(ge=1)] = Field(  # 1: the device's own pace
+        1.0, description="make every step this many times as long (a straggler)"
+    )
+    rollback_every: AtLeastOne = Field(  # a rollback loses at most this many steps
+        50, description="keep a finite copy of model and optimizer every this many steps"
+    )
+    max_rollbacks: Annotated[int, Field(ge=0)] = Field(  # diverging again at once: no healing
+        3, description="rollbacks in a row before the trainer gives up"
+    )
+    idle_eval_interval_s: Positive | None = Field(  # a fresh figure every few status messages
+        5.0, description="after the step budget, evaluate at most this often (none: stop)"
+    )
+
+
+class GossipSettings(_Schema):
+    """``[gossip]``: :class:`node.config.GossipConfig`."""
+
+    topology: Literal["ring", "exponential", "random-regular"] = Field(
+        "exponential", description="the gossip graph over the members' ids"
+    )  # log2(n) neighbours: mixes fast at a small degree (Assran et al. 2019)
+    degree: AtLeastOne = Field(4, description="neighbours per node for random-regular")
+    codec: Literal["none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk"] = (
+        Field("int8", description="codec of the model deltas")
+    )  # a quarter of fp32's bytes, and CHOCO converges as with fp32
+    compress_fraction: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.01, description="share of each block the sparse codecs (topk, randk, dct-topk) send"
+    )  # CHOCO-SGD's top-1%; an index fits a byte
+    block_size: Annotated[int, Field(ge=8, multiple_of=8)] = Field(
+        256, description="values per quantization scale"
+    )  # scales cost 4 bytes per block: 1.6% of int8's bytes
+    gamma: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        None, description="consensus step size (none: by codec)"
+    )  # harsher codecs need a smaller one (Koloskova et al. 2019)
+    local_steps: AtLeastOne = Field(1, description="least local steps between gossip rounds")
+    idle_round_interval_s: Positive = Field(
+        0.1, description="seconds between rounds once training is over"
+    )
+    link_queue: AtLeastOne = Field(16, description="deltas queued per neighbour")
+    silence_limit_s: Positive = Field(
+        30.0, description="a neighbour silent this long leaves the mix"
+    )  # about 3 SWIM suspicions
+    call_timeout_s: Positive = Field(10.0, description="deadline of each call to a peer")
+    seed: Annotated[int, Field(ge=0)] = Field(0, description="seeds random-regular graphs")
+    robust: bool = Field(False, description="Byzantine-robust mixing (ClippedGossip)")
+    byzantine_fraction: Fraction = Field(
+        0.25, description="with robust: share of neighbour weight assumed Byzantine"
+    )
+    attack: Literal["scale", "flip", "random"] | None = Field(None, description="tests only")
+    outer_lr: Positive | None = Field(
+        None, description="DiLoCo-style outer Nesterov step's learning rate (none: off)"
+    )
+    outer_momentum: Fraction = Field(0.9, description="momentum of the outer step")
+
+
+class MembershipSettings(_Schema):
+    """``[membership]``: :class:`gossip.swim.SwimConfig` (gossip/ stays free of pydantic)."""
+
+    period_s: Positive = Field(1.0, description="membership protocol period in seconds")
+    ping_timeout: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.4, description="fraction of a period to wait for a direct ack"
+    )
+    indirect_probes: Annotated[int, Field(ge=0)] = Field(
+        4, description="members asked to ping a silent one"
+    )
+    suspicion_mult: Positive = Field(5.0, description="suspicion timeout in periods (x log n)")
+    suspicion_max_mult: Positive = Field(
+        6.0, description="a suspicion with one accuser lasts this many times the minimum"
+    )
+    confirmations: Annotated[int, Field(ge=0)] = Field(
+        3, description="accusers besides the first that bring a suspicion to its minimum"
+    )
+    max_health: Annotated[int, Field(ge=0)] = Field(
+        8, description="Lifeguard's local health cap: probes slow down at most this much + 1"
+    )
+    retransmit_mult: Positive = Field(6.0, description="piggybacks per update (x log n)")
+    max_piggyback: Annotated[int, Field(ge=0)] = Field(8, description="updates per message")
+    reconnect_interval_s: Positive = Field(
+        5.0, description="seconds between push-pulls with a member held dead"
+    )
+    forget_after_s: Positive = Field(
+        86_400.0, description="how long dead and departed members are remembered"
+    )  # Serf reconnects failed members for 24 h
+    push_pull_interval_s: Positive = Field(
+        15.0, description="seconds between full-state swaps with a random live member"
+    )
+    max_members: AtLeastOne = Field(4096, description="the most members a view holds")
+    max_push_pull: Annotated[int, Field(ge=2)] = Field(
+        512, description="the most records one push-pull carries"
+    )
+    max_pending: AtLeastOne = Field(256, description="updates waiting to be piggybacked")
+    new_members_per_s: Positive = Field(
+        2.0, description="members new to us that one relayer may introduce per second"
+    )
+    new_members_burst: AtLeastOne = Field(64, description="... and at once")
+
+
+class RunSettings(_Schema):
+    """Everything ``murmur run`` takes: :class:`node.config.NodeConfig`'s fields.
+
+    pydantic-settings reads the ``MURMUR_*`` variables of these fields
+    (:func:`node.settings_sources.load_settings` calls its source on a mapping; nothing reads
+    the environment on construction).
+    """
+
+    listen: Address = Field("127.0.0.1:7070", description="host:port to serve on; port 0 picks one")
+    advertise: Address | None = Field(None, description="host:port others should dial")
+    join: Addresses = Field((), description="a node to join through")
+    state_dir: PathSetting = Field(
+        Path("murmur-state"), description="key, checkpoint and metrics log"
+    )
+    device: Annotated[str, AfterValidator(_check_device)] = Field(
+        "auto", description="auto, cpu, cuda[:N] or mps"
+    )  # auto: CUDA, then MPS, then the CPU
+    task: Annotated[str, Field(min_length=1)] = Field(
+        "digits", description="a built-in task, module:factory or file.py:factory"
+    )
+    shard_index: Annotated[int, Field(ge=0)] = Field(0, description="this node's shard")
+    shard_count: AtLeastOne = Field(1, description="how many shards the data is cut into")
+    alpha: Positive | None = Field(None, description="Dirichlet alpha for non-iid shards")
+    seed: Annotated[int, Field(ge=0)] = Field(
+        0, description="the swarm's seed (the same on every node)"
+    )
+    threads: AtLeastOne | None = Field(
+        None, description="torch intra-op threads (none: torch's default)"
+    )
+    wait_members: AtLeastOne = Field(
+        1, description="start training once this many members (self included) are known"
+    )  # 1: a first node starts at once
+    wait_timeout_s: Annotated[float, Field(ge=0)] = Field(
+        60.0, description="seconds to wait for a join and for members, then go on"
+    )
+    checkpoint_interval_s: Positive = Field(30.0, description="seconds between checkpoints")
+    summary_interval_s: Annotated[float, Field(ge=0)] = Field(  # a line per 10 s reads well
+        10.0, description="seconds between summary lines in the log; 0 for none"
+    )
+    insecure: bool = Field(False, description="plain TCP instead of mutual TLS")
+    tls_dir: PathSetting | None = Field(
+        None, description="where node_key.pem, node_cert.pem and ca_cert.pem are"
+    )
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = Field(
+        None, description="serve Prometheus metrics on this port (none: off)"
+    )
+    metrics_host: Annotated[str, Field(min_length=1)] | None = Field(  # the metrics name the node
+        None, description="address the metrics server binds (none: the listen host, or loopback)"
+    )
+    metrics_tls: bool = Field(
+        False, description="serve the metrics over HTTPS, only to certificates of the swarm's CA"
+    )
+    mqtt: str | None = Field(None, description="publish status to this broker, mqtt://host:port")
+    mqtt_discovery: bool = Field(False, description="announce and join through the broker")
+    mqtt_prefix: str = Field("murmur", description="the MQTT topics' prefix")
+    mqtt_interval_s: Positive = Field(2.0, description="seconds between status messages")
+    swarm: str = Field("default", description="the swarm's name on the broker")
+    trainer: TrainerSettings = TrainerSettings()
+    gossip: GossipSettings = GossipSettings()
+    membership: MembershipSettings = MembershipSettings()
+
+
+SECTIONS: dict[str, type[_Schema]] = {
+    "trainer": TrainerSettings,
+    "gossip": GossipSettings,
+    "membership": MembershipSettings,
+}
+
+#: Flag names (without ``--``) whose key is not simply the flag with underscores; a config file
+#: takes them as keys too. ``shard`` is ``shard_index`` and ``shard_count`` together.
+FLAG_KEYS: dict[str, str] = {
+    "wait-timeout": "wait_timeout_s",
+    "checkpoint-interval": "checkpoint_interval_s",
+    "summary-interval": "summary_interval_s",
+    "idle-eval-interval": "trainer.idle_eval_interval_s",
+    "mqtt-interval": "mqtt_interval_s",
+    "swim-period": "membership.period_s",
+    "steps": "trainer.steps",
+    "eval-every": "trainer.eval_every",
+    "slowdown": "trainer.slowdown",
+    "step-time": "trainer.step_time",
+    "topology": "gossip.topology",
+    "degree": "gossip.degree",
+    "compress": "gossip.codec",
+    "block-size": "gossip.block_size",
+    "compress-fraction": "gossip.compress_fraction",
+    "gamma": "gossip.gamma",
+    "local-steps": "gossip.local_steps",
+    "outer-lr": "gossip.outer_lr",
+    "outer-momentum": "gossip.outer_momentum",
+    "robust": "gossip.robust",
+    "byzantine-fraction": "gossip.byzantine_fraction",
+    "attack": "gossip.attack",
+}
+
+
+def keys() -> list[str]:
+    """Every setting's dotted key (``listen``, ``trainer.steps``, ...)."""
+    out = [k for k in RunSettings.model_fields if k not in SECTIONS]
+    for name, section in SECTIONS.items():
+        out += [f"{name}.{k}" for k in section.model_fields]
+    return out
+
+
+def default_of(key: str) -> Any:
+    """The default of a dotted key, for help texts."""
+    section, dot, name = key.rpartition(".")
+    model: type[BaseModel] = SECTIONS[section] if dot else RunSettings
+    return model.model_fields[name].default
+
+
+def description_of(key: str) -> str:
+    section, dot, name = key.rpartition(".")
+    model: type[BaseModel] = SECTIONS[section] if dot else RunSettings
+    return model.model_fields[name].description or ""
