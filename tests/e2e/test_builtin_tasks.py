@@ -53,8 +53,8 @@ def test_a_swarm_learns_mnist1d_to_its_target(tmp_path: Path) -> None:
     (workdir,) = (tmp_path / "murmur-runs").iterdir()
     report = json.loads((workdir / "report.json").read_text())
     assert report["metric"] == "accuracy"
-    assert report["averaged_accuracy"] >= report["target"] == 0.85
-    assert all(n["accuracy"] >= 0.8 for n in report["nodes"])
+    assert report["averaged_accuracy"] >= report["target"] == 0.8
+    assert all(n["accuracy"] >= 0.75 for n in report["nodes"])
     assert (workdir / "plots" / "accuracy.png").is_file()
 
 
