@@ -26,6 +26,7 @@ from typing import IO
 
 from node.config import GossipConfig
 from node.evaluation import RunReport, evaluate_run, train_reference
+from node.node import METRICS_FILE
 from node.pki import CA_CERT_FILE, TlsFiles, init_ca, issue_node, load_tls
 from node.report import write_report
 from node.status import NodeStatus
@@ -265,7 +266,9 @@ async def _watch(
 ) -> None:
     started = time.monotonic()
     settle_from: dict[str, int] | None = None
+    metric: str | None = None
     while True:
+        metric = metric or _task_metric(procs[0].state_dir / METRICS_FILE)
         for p in procs:
             if p.exited:
                 raise SwarmError(
@@ -282,10 +285,23 @@ async def _watch(
                 settle_from = rounds
             finished = all(rounds[i] >= settle_from[i] + cfg.settle_rounds for i in rounds)
         finished = finished or (cfg.duration_s is not None and elapsed >= cfg.duration_s)
-        progress.show(progress_view(cfg, statuses, elapsed), force=finished)
+        progress.show(progress_view(cfg, statuses, elapsed, metric or "accuracy"), force=finished)
         if finished:
             return
         await asyncio.sleep(cfg.progress_interval_s)
+
+
+def _task_metric(log: Path) -> str | None:
+    """What the task is judged by, from the ``start`` record of a node's metrics log (None
+    until the node has written it)."""
+    with contextlib.suppress(OSError), log.open("rb") as f:
+        for line in f:
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and record.get("event") == "start":
+                    metric = record.get("metric")
+                    return metric if isinstance(metric, str) else "accuracy"
+    return None
 
 
 async def _start_all(cfg: SwarmConfig, procs: list[NodeProcess]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -41,11 +42,28 @@ def _loss(x: float) -> str:
     return f"{x:.4f}" if math.isfinite(x) else "-"
 
 
+def _judged(s: NodeStatus, metric: str) -> str:
+    """The last column kept at any width: eval accuracy, or the perplexity of a task judged by
+    it (a task judged by its loss alone has its eval loss in the column before)."""
+    if s.eval_step < 0:
+        return "-"
+    if metric == "perplexity":
+        return f"{math.exp(min(s.eval_loss, 700.0)):.2f}" if math.isfinite(s.eval_loss) else "-"
+    return f"{s.eval_accuracy:.3f}" if s.eval_accuracy >= 0 else "-"
+
+
 def progress_view(
-    cfg: SwarmConfig, statuses: Sequence[NodeStatus | None], elapsed: float
+    cfg: SwarmConfig,
+    statuses: Sequence[NodeStatus | None],
+    elapsed: float,
+    metric: str = "accuracy",
 ) -> FittedTable:
-    """The live table of the swarm's nodes (fits the width it is drawn at)."""
+    """The live table of the swarm's nodes (fits the width it is drawn at); ``metric`` is the
+    task's (node/tasks/base.py): a perplexity task shows its eval perplexity for accuracy."""
     g = cfg.gossip
+    columns = SWARM_COLUMNS
+    if metric == "perplexity":
+        columns = (*columns[:4], dataclasses.replace(columns[4], header="eval\nppl"), *columns[5:])
     rows = []
     for index, s in enumerate(statuses):
         if s is None:
@@ -58,7 +76,7 @@ def progress_view(
                 f"{s.step}/{s.step_budget}",
                 _loss(s.train_loss),
                 _loss(s.eval_loss) if evaluated else "-",
-                f"{s.eval_accuracy:.3f}" if evaluated and s.eval_accuracy >= 0 else "-",
+                _judged(s, metric),
                 f"{sum(n.in_mix for n in s.neighbours)}/{len(s.neighbours)}",
                 str(s.rounds),
                 f"{s.samples_per_s:.0f}",
@@ -71,7 +89,7 @@ def progress_view(
         f"murmur swarm [{fmt_duration(elapsed)}]: {cfg.nodes} nodes, {g.topology}, {g.codec}, "
         f"{cfg.steps} steps each"
     )
-    return FittedTable(title, SWARM_COLUMNS, rows)
+    return FittedTable(title, columns, rows)
 
 
 class LiveView:

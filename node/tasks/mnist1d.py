@@ -31,8 +31,9 @@ __all__ = ["EXTRA", "TARGET_ACCURACY", "load_split", "make_model", "make_task"]
 
 #: The extra that installs what this task needs.
 EXTRA = "murmur[tasks]"
-#: Counted as reached (a swarm of 8 on non-iid shards gets there in ~2000 steps each).
-TARGET_ACCURACY = 0.85
+#: Counted as reached: 4 nodes on iid shards of 1000 signals reach 0.85 in 1500 steps each, and
+#: then overfit (0.83 at 3000); on Dirichlet(0.5) shards they stay at 0.73-0.79 (2026-12-01).
+TARGET_ACCURACY = 0.8
 LENGTH = 40  # samples per signal (the benchmark's final_seq_length)
 CLASSES = 10
 

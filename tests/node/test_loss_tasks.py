@@ -99,6 +99,15 @@ def test_the_live_table_shows_a_loss_judged_tasks_eval_loss_and_no_accuracy() ->
     rows = data_rows(text, ["a" * 12, "b" * 12])
     assert rows["a" * 12][3:5] == ["1.5000", "-"]
     assert rows["b" * 12][3:5] == ["-", "-"]
+    # A perplexity task shows exp(eval loss) where an accuracy task shows its accuracy.
+    text = render_text(
+        progress_view(SwarmConfig(nodes=2), [judged_by_loss, not_yet], 1.0, "perplexity"), 200
+    )
+    assert "ppl" in text.split()
+    assert "acc" not in text.split()
+    rows = data_rows(text, ["a" * 12, "b" * 12])
+    assert rows["a" * 12][3:5] == ["1.5000", f"{math.exp(1.5):.2f}"]
+    assert rows["b" * 12][3:5] == ["-", "-"]
 
 
 def test_the_simulator_judges_a_text_swarm_by_its_loss() -> None:
