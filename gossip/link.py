@@ -143,6 +143,9 @@ class Link:
         self._taken = False  # the current snapshot has been read (and is on its way)
         self._backoff_s = cfg.backoff_min_s
         self._resume_at = -math.inf
+        #: Why the last epoch ended badly (a refusal's reason, or "unreachable"); None while
+        #: nothing went wrong since the link last streamed.
+        self.last_problem: str | None = None
 
     # -- what the node asks -------------------------------------------------------------------
 
@@ -159,6 +162,22 @@ class Link:
         few answer times at most."""
         carrying = self.healthy or (self.phase is Phase.SNAPSHOT and self._taken)
         return carrying and self.outbox.busy_at(now)
+
+    def progress(self, now: float) -> str:
+        """Where the link stands, in words, for a node that waits for its edges: ``not
+        dialed``, ``dialing`` (a snapshot owed or being read), ``snapshot sent`` (the call is
+        out), ``snapshot acked`` (streaming deltas), or ``backing off`` / ``retrying`` after
+        what went wrong last."""
+        why = f" after {self.last_problem}" if self.last_problem else ""
+        if self.phase is Phase.CLOSED:
+            return "closed"
+        if self.phase is Phase.STREAM:
+            return "snapshot acked"
+        if self.phase is Phase.SNAPSHOT:
+            return "snapshot sent" if self._taken else f"dialing{why}"
+        if now < self._resume_at:
+            return f"backing off {self._resume_at - now:.1f} s{why}"
+        return f"retrying{why}" if self.epoch else "not dialed"
 
     def next_deadline(self) -> float:
         """When :meth:`poll` may have a command without any event happening (a back-off ends);
@@ -219,6 +238,7 @@ class Link:
             return
         self.outbox.snapshot_answered(now)
         self.stats.snapshots_sent += 1
+        self.last_problem = None
         self.phase = Phase.IDLE if self.outbox.needs_snapshot else Phase.STREAM
 
     def acked(self, epoch: int, now: float) -> None:
@@ -234,6 +254,7 @@ class Link:
         self.phase = Phase.IDLE
         self.outbox.refused()  # the queue may still serve after the snapshot
         treat = refusal(reason)
+        self.last_problem = f"a refusal ({reason})"
         if treat.resync:
             return treat  # the snapshot repairs it, now
         self.stats.failures += 1
@@ -251,6 +272,7 @@ class Link:
         self.phase = Phase.IDLE
         self.outbox.lost()
         self.stats.failures += 1
+        self.last_problem = "no answer"
         self._back_off(now)
         return True
 

@@ -121,6 +121,10 @@ class PeerLink:
         """Streaming deltas (not resyncing or backing off after a failure)."""
         return self.machine.healthy
 
+    def progress(self) -> str:
+        """Where the link stands, in words (see ``Link.progress``)."""
+        return self.machine.progress(self._now())
+
     @property
     def busy(self) -> bool:
         """Whether another round now would only wait in line (see ``Link.busy``)."""

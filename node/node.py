@@ -659,10 +659,15 @@ class Node:
             waiting = []
             if members < want:
                 waiting.append(f"members ({members} of {want} known)")
-            down = hood.down(self.gossiper.replicated)
+            replicated = self.gossiper.replicated
+            down = hood.down(replicated)
             if down:
-                names = " ".join(sorted(p[:8] for p in down))
-                waiting.append(f"links ({len(links) - len(down)} of {len(links)} up; not: {names})")
+                edges = ", ".join(
+                    f"{p[:8]}: ours {links[p].progress()}, "
+                    f"theirs {'received' if p in replicated else 'not received'}"
+                    for p in sorted(down)
+                )
+                waiting.append(f"links ({len(links) - len(down)} of {len(links)} up; {edges})")
             return waiting
 
         def describe() -> str | None:
@@ -675,17 +680,28 @@ class Node:
                 f"training starts anyway in {left}"
             )
 
+        started = time.monotonic()
         try:
             waited = self.wait_until(lambda: not missing(), self.cfg.wait_timeout_s)
             await with_countdown(waited, describe, _WAIT_TICKS)
         except TimeoutError:
             log.warning(
-                "node %s starts training with %d of %d members, %d of %d links up",
+                "node %s starts training with %d of %d members, %d of %d links up (still "
+                "waiting for %s)",
                 self.node_id[:8],
                 len(self.peers.view),
                 want,
                 hood.links_up(),
                 len(hood.links),
+                " and ".join(missing()) or "nothing",
+            )
+        else:
+            log.info(
+                "node %s starts training: %d members, %d links up both ways, after %.1f s",
+                self.node_id[:8],
+                len(self.peers.view),
+                len(hood.links),
+                time.monotonic() - started,
             )
         if self.cfg.summary_interval_s > 0:
             summary = Summary(self.status, self.cfg.summary_interval_s)

@@ -211,3 +211,26 @@ def test_a_resync_owes_a_snapshot_and_a_closed_link_sends_nothing() -> None:
 def test_config_refuses_what_cannot_work(bad: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         LinkConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_progress_says_where_a_link_stands_and_what_went_wrong_last() -> None:
+    link = Link(CFG, random.Random(0))
+    assert link.progress(0.0) == "not dialed"
+    assert link.poll(0.0) == SendSnapshot(1)
+    assert link.progress(0.0) == "dialing"
+    link.snapshot_taken(1, 0, 0.0)
+    assert link.progress(0.0) == "snapshot sent"
+    link.refused(1, Reason.UNKNOWN_SENDER, 0.0)
+    at = link.next_deadline()
+    assert link.progress(0.0) == (f"backing off {at:.1f} s after a refusal (unknown_sender)")
+    assert link.progress(at) == "retrying after a refusal (unknown_sender)"
+    assert link.poll(at) == SendSnapshot(2)
+    link.snapshot_taken(2, 0, at)
+    link.failed(2, at)
+    assert link.progress(link.next_deadline()) == "retrying after no answer"
+    assert link.poll(link.next_deadline()) == SendSnapshot(3)
+    link.snapshot_taken(3, 0, 2.0)
+    link.snapshot_answered(3, 2.0)
+    assert link.progress(2.0) == "snapshot acked"
+    link.close()
+    assert link.progress(2.0) == "closed"

@@ -235,7 +235,10 @@ async def test_a_wait_for_members_counts_down(tmp_path: Path, lines: Lines) -> N
     waits = [m for m in lines.messages if m.startswith(f"node {me} waiting for")]
     assert waits[0].startswith(f"node {me} waiting for members (1 of 2 known); training starts")
     assert re.search(r"starts anyway in (1\.0|0\.\d)s$", waits[0]), waits
-    assert f"node {me} starts training with 1 of 2 members, 0 of 0 links up" in lines.messages
+    assert (
+        f"node {me} starts training with 1 of 2 members, 0 of 0 links up (still waiting for "
+        "members (1 of 2 known))" in lines.messages
+    )
 
 
 async def test_a_join_that_gets_no_answer_counts_down_to_giving_up(
