@@ -38,12 +38,14 @@ import sys
 import threading
 import time
 from collections import deque
+from pathlib import Path
 from typing import IO, Any
 
 from tests.netns import Testnet, sh
 
 __all__ = ["Impairment", "netem_available"]
 
+REPO = Path(__file__).resolve().parent.parent
 CHAIN = "MURMUR_IMPAIR"  # in each host's own mangle table, so no one else's
 #: How long a delay worker may take to bind its queue (it imports a library and binds).
 WORKER_START_S = 30.0
@@ -196,6 +198,7 @@ class DelayWorker:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            cwd=REPO,  # where ``tests`` is a package, whatever the caller's directory
         )
 
     def stderr(self) -> str:
