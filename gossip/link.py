@@ -59,6 +59,8 @@ class LinkConfig:
     """Args:
     queue: deltas held for a neighbour; past that the link resyncs with a snapshot instead.
     window: unacknowledged or queued deltas at which the link counts as busy.
+    window_bytes: payload bytes in line below which more than ``window`` small deltas may be
+        (see gossip/outbox.py).
     overdue_min_s, overdue_factor: when an answer counts as overdue (see gossip/outbox.py).
     call_timeout_s: the deadline of a call a driver makes for the link (a snapshot's grows
         with its bytes: node/links.py's ``transfer_timeout_s``).
@@ -69,6 +71,7 @@ class LinkConfig:
 
     queue: int = 16  # bounds a link's memory; 16 rounds is seconds of a slow link's traffic
     window: int = 2  # one delta on the wire while the next is queued keeps a link full
+    window_bytes: int = 65_536  # one TCP loss recovery on a link must not stop every round
     overdue_min_s: float = 2.0  # below this, a slow answer is jitter, not a vanished peer
     overdue_factor: float = 4.0  # a few usual answer times: a queue on a slow link is not death
     call_timeout_s: float = 10.0  # a unary call on a working edge link answers well within this
@@ -85,7 +88,13 @@ class LinkConfig:
 
     @property
     def outbox(self) -> OutboxConfig:
-        return OutboxConfig(self.queue, self.window, self.overdue_min_s, self.overdue_factor)
+        return OutboxConfig(
+            queue=self.queue,
+            window=self.window,
+            window_bytes=self.window_bytes,
+            overdue_min_s=self.overdue_min_s,
+            overdue_factor=self.overdue_factor,
+        )
 
 
 @dataclass

@@ -12,9 +12,16 @@ The neighbour's replica of this node's public copy x̂ is a replicated log (goss
 * a delta that a snapshot already covers (its seq is not after the snapshot's) is never sent,
   and is dropped from the queue as soon as the snapshot is taken;
 * a link is *busy* (a new round would only wait in line) while ``window`` deltas are unanswered
-  or queued, but not once an answer is *overdue*: later than ``overdue_factor`` times the link's
-  usual answer time (and at least ``overdue_min_s``). A neighbour that vanished without a word
+  or queued and they hold ``window_bytes`` between them (or ``queue - window`` are, however
+  small, so that a round always finds room in the queue), but not once an answer is *overdue*:
+  later than ``overdue_factor`` times the link's usual answer time (and at least
+  ``overdue_min_s``). A neighbour that vanished without a word
   then holds up this node's rounds for a few answer times, not until membership declares it dead.
+  The bytes: a window of large deltas is what keeps a slow link from queueing stale ones, but
+  small deltas (a few packets each) are held up by the round trip and TCP's loss recovery, not by
+  what the link carries: one lost packet stalls a stream for a retransmission timeout (200 ms or
+  more), and with only ``window`` of them allowed, every stall on any link stopped the node's
+  rounds (at 10% loss and 40 ms each way, rounds fell to a fifth; bench/lossy_links.py).
 
 It is pure and synchronous; node/links.py drives it over a transport and the simulator over its
 modelled network, so both follow the same policy.
@@ -34,19 +41,26 @@ __all__ = ["Outbox", "OutboxConfig"]
 class OutboxConfig:
     """Args:
     queue: deltas held for a neighbour; past that the link resyncs with a snapshot instead.
-    window: unacknowledged or queued deltas at which the link counts as busy.
+    window: unacknowledged or queued deltas at which the link counts as busy, once they hold
+        ``window_bytes`` of payload (``queue - window`` of them always do).
+    window_bytes: payload bytes in line below which more than ``window`` deltas may be.
     overdue_min_s: an answer is never overdue sooner than this.
     overdue_factor: an answer is overdue once it takes this many times the link's usual one.
     """
 
     queue: int = 16
     window: int = 2
+    # 13 of the digits MLP's int8 deltas, enough to ride out a TCP loss recovery at 20 rounds/s;
+    # half a second on a 1 Mbit/s edge link; any model over ~30k parameters keeps the window.
+    window_bytes: int = 65_536
     overdue_min_s: float = 2.0
     overdue_factor: float = 4.0
 
     def __post_init__(self) -> None:
         if self.queue < 1 or self.window < 1:
             raise ValueError("queue and window must be at least 1")
+        if self.window_bytes < 0:
+            raise ValueError(f"window_bytes is {self.window_bytes}: expected 0 or more")
         if self.overdue_min_s <= 0 or self.overdue_factor < 1:
             raise ValueError("overdue_min_s must be positive and overdue_factor at least 1")
 
@@ -66,6 +80,7 @@ class Outbox:
         #: Smoothed seconds from a send to its answer; None before the first answer.
         self.answer_s: float | None = None
         self._sent_at: deque[float] = deque()  # send times of the unanswered deltas
+        self._sent_bytes: deque[int] = deque()  # and their payloads' sizes
         self._waiting_since: float | None = None  # the oldest unanswered send (or snapshot)
 
     def __len__(self) -> int:
@@ -94,8 +109,15 @@ class Outbox:
     @property
     def busy(self) -> bool:
         """Another round now would only wait in line behind ``window`` others (unacknowledged or
-        queued; while a snapshot travels, queued ones)."""
-        return self.in_flight + len(self._pending) >= self.cfg.window
+        queued; while a snapshot travels, queued ones) holding ``window_bytes``, or behind
+        ``queue - window``."""
+        waiting = self.in_flight + len(self._pending)
+        if waiting < self.cfg.window:
+            return False
+        if waiting >= self.cfg.queue - self.cfg.window:
+            return True
+        held = sum(self._sent_bytes) + sum(d.payload.nbytes for d in self._pending)
+        return held >= self.cfg.window_bytes
 
     def busy_at(self, now: float) -> bool:
         """:attr:`busy`, unless the neighbour's answer is overdue: then it no longer holds up
@@ -130,6 +152,7 @@ class Outbox:
             self._pending.popleft()
         self.in_flight = 0
         self._sent_at.clear()
+        self._sent_bytes.clear()
         self._waiting_since = now
 
     def snapshot_answered(self, now: float) -> None:
@@ -141,6 +164,7 @@ class Outbox:
         self.synced_seq = delta.seq
         self.in_flight += 1
         self._sent_at.append(now)
+        self._sent_bytes.append(delta.payload.nbytes)
         if self._waiting_since is None:
             self._waiting_since = now
 
@@ -148,6 +172,7 @@ class Outbox:
         self.in_flight = max(0, self.in_flight - 1)
         if self._sent_at:
             self._answered(self._sent_at.popleft(), now)
+            self._sent_bytes.popleft()
         self._waiting_since = self._sent_at[0] if self._sent_at else None
 
     def refused(self) -> None:
@@ -156,6 +181,7 @@ class Outbox:
         self.needs_snapshot = True
         self.in_flight = 0
         self._sent_at.clear()
+        self._sent_bytes.clear()
         self._waiting_since = None
 
     def lost(self) -> None:
@@ -165,4 +191,5 @@ class Outbox:
         self.needs_snapshot = True
         self.in_flight = 0
         self._sent_at.clear()
+        self._sent_bytes.clear()
         self._waiting_since = None

@@ -299,8 +299,44 @@ def test_busy_counts_unacknowledged_and_queued_deltas() -> None:
     assert (one_queued, one_sent_one_queued, one_acked) == (False, True, False)
 
 
+def sent(outbox: Outbox, seq: int, nbytes: int) -> None:
+    payload = get_codec("fp32", 64).compress(torch.ones(nbytes // 4)).encoded
+    assert payload.nbytes == nbytes
+    outbox.offer(Delta("s", 1, seq, 0, payload))
+    delta = outbox.next_delta()
+    assert delta is not None
+    outbox.delta_sent(delta, now=float(seq))
+
+
+def test_small_deltas_may_be_more_than_the_window_up_to_its_bytes_or_nearly_the_queue() -> None:
+    outbox = Outbox(OutboxConfig(queue=16, window=2, window_bytes=10_000))
+    outbox.snapshot_taken(0, now=0.0)
+    outbox.snapshot_answered(now=0.0)
+    busy = []
+    for seq in range(1, 5):  # 3000 bytes each: the fourth brings 12000 in line
+        sent(outbox, seq, 3000)
+        busy.append(outbox.busy)
+    assert busy == [False, False, False, True]
+    outbox.acked(now=5.0)  # 9000 left
+    assert not outbox.busy
+    tiny = Outbox(OutboxConfig(queue=16, window=2, window_bytes=10_000))
+    tiny.snapshot_taken(0, now=0.0)
+    busy = []
+    for seq in range(1, 15):  # 40 bytes each: queue - window (14) is the most in line
+        sent(tiny, seq, 40)
+        busy.append(tiny.busy)
+    assert busy == [False] * 13 + [True]
+    large = Outbox(OutboxConfig(queue=16, window=2, window_bytes=10_000))
+    large.snapshot_taken(0, now=0.0)
+    sent(large, 1, 20_000)
+    assert not large.busy  # one in line is under the window, however large
+    sent(large, 2, 20_000)
+    assert large.busy
+
+
 def test_a_neighbour_that_stops_answering_holds_up_rounds_a_few_answer_times_only() -> None:
-    cfg = OutboxConfig(queue=16, window=2, overdue_min_s=2.0, overdue_factor=4.0)
+    # Counted by deltas alone (window_bytes=0), so that two of these tiny ones make it busy.
+    cfg = OutboxConfig(queue=16, window=2, window_bytes=0, overdue_min_s=2.0, overdue_factor=4.0)
     outbox = Outbox(cfg)
     outbox.snapshot_taken(0, now=0.0)
     outbox.snapshot_answered(now=1.0)
