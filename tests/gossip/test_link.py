@@ -143,7 +143,8 @@ def test_answers_of_an_epoch_given_up_change_nothing() -> None:
 
 
 def test_busy_while_window_deltas_are_out_but_not_backing_off_nor_once_overdue() -> None:
-    cfg = LinkConfig(queue=8, window=2, overdue_min_s=2.0, overdue_factor=4.0)
+    # window_bytes 0: the window alone decides, whatever the deltas' size (gossip/outbox.py).
+    cfg = LinkConfig(queue=8, window=2, window_bytes=0, overdue_min_s=2.0, overdue_factor=4.0)
     link = streaming(cfg)
     send(link, 1, 0.0)
     assert not link.busy(0.0)  # one out, none queued
@@ -155,6 +156,14 @@ def test_busy_while_window_deltas_are_out_but_not_backing_off_nor_once_overdue()
     link.offer(delta(3))
     link.offer(delta(4))
     assert not link.busy(2.1)  # backing off: never busy
+
+
+def test_small_deltas_may_fill_window_bytes_before_the_link_is_busy() -> None:
+    link = streaming(LinkConfig(queue=8, window=2, window_bytes=1 << 20))
+    for seq in range(1, 7):  # queue - window of them, however small, make it busy
+        assert not link.busy(0.0)
+        send(link, seq, 0.0)
+    assert link.busy(0.0)
 
 
 def test_busy_while_its_snapshot_travels_with_window_queued_behind_it() -> None:
