@@ -182,7 +182,7 @@ class Mixer:
 
     Args:
         outer: DiLoCo's outer step after each round's mix (None: plain gossip).
-        attack_generator: the noise of the ``random`` attack.
+        attack_generator: the randomness of the ``random``, ``huge`` and ``spike`` attacks.
     """
 
     def __init__(

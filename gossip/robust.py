@@ -55,8 +55,14 @@ __all__ = [
 NodeId = str
 
 #: What a Byzantine node may publish instead of its model, to test robustness (never in a real
-#: swarm): ``scale`` 10·x, ``flip`` -x, ``random`` x plus unit Gaussian noise.
-ATTACKS = ("scale", "flip", "random")
+#: swarm): ``scale`` 10·x, ``flip`` -x, ``random`` x plus unit Gaussian noise, ``huge`` x plus
+#: a random direction of norm 1e4·||x||, ``spike`` x with 0.1% of its coordinates set to
+#: ±1e3·max|x|.
+ATTACKS = ("scale", "flip", "random", "huge", "spike")
+
+HUGE_FACTOR = 1e4  # far beyond any honest delta, yet finite in float32 for any sane model
+SPIKE_SHARE = 1e-3  # a sparse attack: few coordinates, so a norm over all of them hides little
+SPIKE_FACTOR = 1e3  # ... each far outside the model's range
 
 
 def clip_radius(
@@ -239,4 +245,16 @@ def attack_target(attack: str, x: torch.Tensor, generator: torch.Generator) -> t
         return -x
     if attack == "random":
         return x + torch.randn(x.shape, generator=generator, device=x.device)
+    if attack == "huge":
+        direction = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        size = HUGE_FACTOR * (float(x.norm()) or 1.0)  # a zero model is still attacked
+        return x + direction * (size / float(direction.norm()))
+    if attack == "spike":
+        count = min(x.numel(), max(1, round(SPIKE_SHARE * x.numel())))
+        where = torch.randperm(x.numel(), generator=generator, device=x.device)[:count]
+        signs = torch.randint(0, 2, (count,), generator=generator, device=x.device) * 2 - 1
+        size = SPIKE_FACTOR * (float(x.abs().max()) or 1.0) if count else 0.0
+        spiked = x.clone().reshape(-1)
+        spiked[where] = signs.to(x.dtype) * size
+        return spiked.reshape(x.shape)
     raise ValueError(f"unknown attack {attack!r}; known: {', '.join(ATTACKS)}")

@@ -11,7 +11,7 @@ import torch
 from gossip.clock import ManualClock
 from gossip.codecs import get_codec
 from gossip.replicas import GossipState
-from gossip.robust import AnomalyScore, clip_radius, clipped_consensus_step
+from gossip.robust import AnomalyScore, attack_target, clip_radius, clipped_consensus_step
 from gossip.simulate import SyncSwarm
 from gossip.topology import build
 
@@ -174,3 +174,35 @@ def test_an_excluded_neighbour_does_not_pull_but_still_counts_in_the_radius() ->
     # Had a and b been dropped, z alone would set τ = 500 and pull unclipped.
     assert result.tau == 5.0
     assert torch.allclose(x, torch.tensor([0.75, 1.0]))  # 0.25 * (3, 4)
+
+
+def test_the_huge_attack_adds_a_finite_delta_of_ten_thousand_times_the_model() -> None:
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(4))
+    first = attack_target("huge", x, torch.Generator().manual_seed(5))
+    again = attack_target("huge", x, torch.Generator().manual_seed(5))
+    assert torch.equal(first, again)  # seeded by the generator it is given
+    assert bool(first.isfinite().all())
+    assert float((first - x).norm()) == pytest.approx(1e4 * float(x.norm()), rel=1e-4)
+    # A random direction, not along x.
+    assert abs(float(torch.nn.functional.cosine_similarity(first - x, x, dim=0))) < 0.2
+    # A zero model is still attacked, with a delta of norm 1e4.
+    zero = attack_target("huge", torch.zeros(10), torch.Generator().manual_seed(5))
+    assert float(zero.norm()) == pytest.approx(1e4, rel=1e-4)
+
+
+def test_the_spike_attack_sets_one_in_a_thousand_coordinates_far_outside_the_model() -> None:
+    x = torch.rand(5000, generator=torch.Generator().manual_seed(6)) - 0.5
+    spiked = attack_target("spike", x, torch.Generator().manual_seed(7))
+    changed = (spiked != x).nonzero().flatten()
+    assert len(changed) == 5  # 0.1% of 5,000
+    top = 1e3 * float(x.abs().max())
+    assert torch.allclose(spiked[changed].abs(), torch.full((5,), top))
+    assert {1.0, -1.0} >= set(spiked[changed].sign().tolist())
+    assert torch.equal(spiked, attack_target("spike", x, torch.Generator().manual_seed(7)))
+    # Small models still get one spike.
+    assert int((attack_target("spike", x[:10], torch.Generator()) != x[:10]).sum()) == 1
+
+
+def test_an_unknown_attack_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="scale, flip, random, huge, spike"):
+        attack_target("nope", torch.ones(3), torch.Generator())
