@@ -28,8 +28,9 @@ With a single neighbour there is nothing to compare it with and nothing is clipp
 
 **The anomaly score** (:class:`AnomalyScore`) is our own heuristic, not from the paper: for each
 neighbour, an exponential moving average of how far its replica is beyond the clipping radius and
-of how far the norm of its latest deltas is above the median of the others' and this node's own.
-A neighbour whose score is over the threshold leaves the mix until the score decays under it.
+of how far the norm of its latest deltas is above the others' median (or this node's own change,
+if larger). A neighbour whose score is over the threshold leaves the mix until the score decays
+under it.
 """
 
 from __future__ import annotations
@@ -148,11 +149,12 @@ class AnomalyScore:
     given, its distance ||x̂_j - x̂_i|| and the clipping radius τ_i. The round's raw score is
 
         min(cap, max(0, ||x̂_j - x̂_i|| / τ_i - distance_slack))
-        + min(cap, max(0, ||Δ_j|| / median(||Δ_k||, k ≠ j, and ||Δ_i||) - norm_slack))
+        + min(cap, max(0, ||Δ_j|| / max(median_{k≠j} ||Δ_k||, ||Δ_i||) - norm_slack))
 
     and the score moves to ``decay · score + (1 - decay) · raw``. Both references resist the
     attackers: τ_i is a distance of an honest neighbour while the Byzantine weight is at most δ
-    (:func:`clip_radius`), and node i's own change Δ_i, when given, is in every median. A
+    (:func:`clip_radius`), and node i's own change Δ_i, when given, is the least reference norm:
+    neighbours can raise it, never lower it. A
     sign-flipping neighbour publishes -x, two norms of the model away while honest replicas
     are a consensus distance apart, so the distance finds it although its deltas look honest.
     There is no direction term: an earlier one (against the others' mean direction) evicted
@@ -215,13 +217,16 @@ class AnomalyScore:
                         old, self.decay * old + (1 - self.decay) * far
                     )
                 continue
-            reference = [norms[q] for q in live if q != peer] + own_norm
-            if not reference and far == 0:
+            others = [norms[q] for q in live if q != peer]
+            if not others and not own_norm and far == 0:
                 continue
             raw = far
-            if reference:
-                median = float(torch.tensor(reference).median())
-                ratio = norms[peer] / median if median > 0 else self.cap
+            if others or own_norm:
+                # Neighbours can only raise the reference above this node's own change, never
+                # lower it (a stopped attacker's deltas are zero: a median with it was tiny).
+                median = float(torch.tensor(others).median()) if others else 0.0
+                reference = max([median, *own_norm])
+                ratio = norms[peer] / reference if reference > 0 else self.cap
                 raw += min(self.cap, max(0.0, ratio - self.norm_slack))
             score = self.decay * old + (1 - self.decay) * raw
             self.scores[peer] = updated[peer] = score

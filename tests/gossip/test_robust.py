@@ -250,3 +250,23 @@ def test_near_consensus_replicas_a_thousandth_of_the_norm_away_are_not_evicted()
     # Ten norms away is still far beyond the floor.
     state.replicas["z"].value = -9 * state.public
     assert any("z" in scores.update(state, peers) for _ in range(5))
+
+
+def test_a_stopped_neighbour_cannot_shrink_the_reference_below_this_nodes_own_change() -> None:
+    """Issue 21: a flipper that stopped training sends nearly nothing; when the other
+    neighbours were silent, a median of its delta and this node's own made an honest
+    neighbour's ordinary delta ten times the reference, and evicted it."""
+    g = torch.Generator().manual_seed(9)
+    score = AnomalyScore()
+    for _ in range(30):
+        own = 0.3 * torch.randn(32, generator=g) / 32**0.5
+        honest = 0.2 * torch.randn(32, generator=g) / 32**0.5
+        stopped = 0.02 * torch.randn(32, generator=g) / 32**0.5
+        score.update({"c": honest, "z": stopped, "e": torch.zeros(32)}, own=own)
+    assert score.evicted() == frozenset()
+    assert score.scores["c"] < 0.1
+    # Without its own change to compare with, the node has only the stopped neighbour's.
+    alone = AnomalyScore()
+    for _ in range(10):
+        alone.update({"c": torch.ones(32), "z": 0.01 * torch.ones(32)})
+    assert alone.evicted() == {"c"}
