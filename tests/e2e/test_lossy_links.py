@@ -6,7 +6,10 @@ Training goes on, every node reaches the target accuracy under loss, and no node
 member dead (each node's Status is polled twice a second throughout). Then the same swarm
 alternates clean and lossy links, twice, and its gossip rounds per second under loss stay at
 least half those on clean links: alternated, so that the load of a shared machine, which moves
-over a minute, weighs on both alike. The rates are printed (run with ``-s``).
+over a minute, weighs on both alike. Where the fallback delays packets in user space, the clean
+links go through its workers too (no loss, 1 µs), so that the CPU the harness takes from the
+nodes on a small machine weighs on both alike as well: netem costs a user nothing. The rates
+are printed (run with ``-s``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ PREFIX, SUBNET = "lossy", "10.79.41"
 N = 6
 LOSS, DELAY_S = 0.1, 0.04  # each way, on every link
 TARGET = 0.93  # the digits accuracy the acceptance test holds every node to
-WINDOW_S = 10.0  # each rate is averaged over this
+WINDOW_S = 15.0  # each rate is averaged over this
 SETTLE_S = 3.0  # after the links change, before a rate is measured: TCP finds the new pace
 CFG = SwarmConfig(
     nodes=N,
@@ -71,26 +74,28 @@ async def test_ten_percent_loss_and_40_ms_keep_half_the_rounds_and_no_false_deat
                 150,
             )
             accuracy = sorted(round(s.eval_accuracy, 3) for s in swarm.last.values())
+            clean = (0.0, 0.0) if links.method == "netem" else (0.0, 1e-6)
             for _ in range(2):
                 for phase in ("clean", "lossy"):
-                    links.set(*((LOSS, DELAY_S) if phase == "lossy" else (0.0, 0.0)))
+                    links.set(*((LOSS, DELAY_S) if phase == "lossy" else clean))
                     await asyncio.sleep(SETTLE_S)  # a settling time, not a wait for an event
                     rates[phase].append(await swarm.rates(WINDOW_S))
             links.check()
         finally:
             codes = await swarm.stop()
         method = links.method
-    clean = sum(r.rounds_per_s for r in rates["clean"]) / 2
-    lossy = sum(r.rounds_per_s for r in rates["lossy"]) / 2
+    clean_rate = sum(r.rounds_per_s for r in rates["clean"]) / 2
+    lossy_rate = sum(r.rounds_per_s for r in rates["lossy"]) / 2
     print(
         f"\nlinks by {method}; accuracy under loss {accuracy}; rounds/s per node, clean "
         f"{[round(r.rounds_per_s, 2) for r in rates['clean']]}, at {LOSS:.0%} loss and "
         f"{DELAY_S * 1e3:g} ms each way {[round(r.rounds_per_s, 2) for r in rates['lossy']]} "
-        f"({lossy / clean:.2f} of clean); steps/s per node, clean "
+        f"({lossy_rate / clean_rate:.2f} of clean); steps/s per node, clean "
         f"{[round(r.steps_per_s, 1) for r in rates['clean']]}, lossy "
         f"{[round(r.steps_per_s, 1) for r in rates['lossy']]}"
     )
     assert codes == [0] * N, codes  # SIGTERM: each left politely and wrote its state
     assert not swarm.deaths, f"false deaths (observer, member): {swarm.deaths}"
     assert all(r.steps_per_s > 0 for r in rates["lossy"])  # training goes on
-    assert lossy >= 0.5 * clean, f"rounds under loss {lossy / clean:.2f} of the clean rate"
+    ratio = lossy_rate / clean_rate
+    assert ratio >= 0.5, f"rounds under loss {ratio:.2f} of the clean rate"
