@@ -60,11 +60,16 @@ class NetSwarm:
         argv[argv.index("--listen") + 1] = f"{self.net.address(i)}:0"
         return [*self.net.exec_argv(i), *argv]
 
-    async def start(self) -> None:
+    async def start(self, order: list[int] | None = None) -> None:
+        """Start node 0, then every other at once through it (launched in ``order``)."""
         first = self.procs[0]
         await first.start(self._argv(0, None), START_S)
+        order = list(range(1, len(self.procs))) if order is None else order
+        if sorted(order) != list(range(1, len(self.procs))):
+            raise ValueError(f"order {order}: expected every node but the first, once")
+        joiners = [self.procs[i] for i in order]
         await asyncio.gather(
-            *(p.start(self._argv(p.index, first.address), START_S) for p in self.procs[1:])
+            *(p.start(self._argv(p.index, first.address), START_S) for p in joiners)
         )
 
     async def stop(self) -> list[int]:
