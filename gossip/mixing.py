@@ -182,7 +182,7 @@ class Mixer:
 
     Args:
         outer: DiLoCo's outer step after each round's mix (None: plain gossip).
-        attack_generator: the noise of the ``random`` attack.
+        attack_generator: the randomness of the ``random``, ``huge`` and ``spike`` attacks.
     """
 
     def __init__(
@@ -196,7 +196,9 @@ class Mixer:
         self.cfg = cfg
         self.outer = outer
         self._attack_rng = attack_generator or torch.Generator(state.device).manual_seed(0)
-        self.scores = NeighbourScores() if cfg.robust else None
+        self.scores = (
+            NeighbourScores(byzantine_fraction=cfg.byzantine_fraction) if cfg.robust else None
+        )
         self._silenced: frozenset[NodeId] = frozenset()
         self._evicted: frozenset[NodeId] = frozenset()
 

@@ -27,9 +27,10 @@ honest neighbour whenever the Byzantine ones carry at most δ of the weight and 
 With a single neighbour there is nothing to compare it with and nothing is clipped.
 
 **The anomaly score** (:class:`AnomalyScore`) is our own heuristic, not from the paper: for each
-neighbour, an exponential moving average of how far the norm of its latest deltas is above the
-median of the others' and of how much it points against their mean direction (negative cosine). A
-neighbour whose score is over the threshold leaves the mix until the score decays under it.
+neighbour, an exponential moving average of how far its replica is beyond the clipping radius and
+of how far the norm of its latest deltas is above the others' median (or this node's own change,
+if larger). A neighbour whose score is over the threshold leaves the mix until the score decays
+under it.
 """
 
 from __future__ import annotations
@@ -55,8 +56,14 @@ __all__ = [
 NodeId = str
 
 #: What a Byzantine node may publish instead of its model, to test robustness (never in a real
-#: swarm): ``scale`` 10·x, ``flip`` -x, ``random`` x plus unit Gaussian noise.
-ATTACKS = ("scale", "flip", "random")
+#: swarm): ``scale`` 10·x, ``flip`` -x, ``random`` x plus unit Gaussian noise, ``huge`` x plus
+#: a random direction of norm 1e4·||x||, ``spike`` x with 0.1% of its coordinates set to
+#: ±1e3·max|x|.
+ATTACKS = ("scale", "flip", "random", "huge", "spike")
+
+HUGE_FACTOR = 1e4  # far beyond any honest delta, yet finite in float32 for any sane model
+SPIKE_SHARE = 1e-3  # a sparse attack: few coordinates, so a norm over all of them hides little
+SPIKE_FACTOR = 1e3  # ... each far outside the model's range
 
 
 def clip_radius(
@@ -135,24 +142,34 @@ def clipped_consensus_step(
 
 
 class AnomalyScore:
-    """Per-neighbour suspicion from the norm and direction of its deltas.
+    """Per-neighbour suspicion from how far its replica is beyond the clipping radius and how
+    large its deltas are.
 
-    Each :meth:`update` takes every neighbour's change since the last update, Δ_j. For a
-    neighbour with at least one other to compare with, the round's raw score is
+    Each :meth:`update` takes every neighbour's change since the last update, Δ_j, and, when
+    given, its distance ||x̂_j - x̂_i|| and the clipping radius τ_i. The round's raw score is
 
-        min(cap, max(0, ||Δ_j|| / median_{k≠j} ||Δ_k|| - norm_slack)) + max(0, -cos(Δ_j, u_j))
+        min(cap, max(0, ||x̂_j - x̂_i|| / τ_i - distance_slack))
+        + min(cap, max(0, ||Δ_j|| / max(median_{k≠j} ||Δ_k||, ||Δ_i||) - norm_slack))
 
-    with u_j = mean_{k≠j} Δ_k / ||Δ_k||, the others' mean direction (unit vectors, so that one
-    huge neighbour does not turn it against the rest)
-    and its score moves to ``decay · score + (1 - decay) · raw``. A neighbour whose Δ is zero
-    (nothing heard since the last update) keeps its score.
+    and the score moves to ``decay · score + (1 - decay) · raw``. Both references resist the
+    attackers: τ_i is a distance of an honest neighbour while the Byzantine weight is at most δ
+    (:func:`clip_radius`), and node i's own change Δ_i, when given, is the least reference norm:
+    neighbours can raise it, never lower it. A
+    sign-flipping neighbour publishes -x, two norms of the model away while honest replicas
+    are a consensus distance apart, so the distance finds it although its deltas look honest.
+    There is no direction term: an earlier one (against the others' mean direction) evicted
+    honest neighbours, whose deltas near consensus are mostly pulls toward each other and so
+    point against each other, and with two flippers among five neighbours the mean was theirs.
+    A neighbour whose Δ is zero (nothing heard since the last update) keeps its score, raised
+    only by its distance term.
 
     Args:
         decay: the moving average's memory, in [0, 1).
         threshold: a score over it evicts the neighbour.
-        norm_slack: how many times the others' median norm a delta may be without penalty.
-        cap: the most one round's norm term adds; with the defaults one round moves the score
-            by at most (1 - decay) · (cap + 1) = 0.6, so a single odd round cannot evict alone
+        norm_slack: how many times the reference median norm a delta may be without penalty.
+        distance_slack: how many times τ_i a replica may be away without penalty.
+        cap: the most one round's term adds; with the defaults one round moves the score
+            by at most (1 - decay) · 2 · cap = 1, so a single odd round cannot evict alone
             (deltas between rounds are uneven under asynchronous gossip).
     """
 
@@ -161,31 +178,57 @@ class AnomalyScore:
         decay: float = 0.9,
         threshold: float = 1.0,
         norm_slack: float = 4.0,
+        distance_slack: float = 4.0,
         cap: float = 5.0,
     ) -> None:
         if not 0 <= decay < 1:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
         self.decay, self.threshold, self.norm_slack, self.cap = decay, threshold, norm_slack, cap
+        self.distance_slack = distance_slack
         self.scores: dict[NodeId, float] = {}
 
-    def update(self, deltas: Mapping[NodeId, torch.Tensor]) -> dict[NodeId, float]:
-        """Score this round's deltas; returns the scores of the neighbours that were updated."""
+    def update(
+        self,
+        deltas: Mapping[NodeId, torch.Tensor],
+        distances: Mapping[NodeId, float] | None = None,
+        radius: float = math.inf,
+        own: torch.Tensor | None = None,
+    ) -> dict[NodeId, float]:
+        """Score this round's deltas; returns the scores of the neighbours that were updated.
+
+        Args:
+            deltas: Δ_j per neighbour.
+            distances: ||x̂_j - x̂_i|| per neighbour (None: no distance term).
+            radius: τ_i, the clipping radius the distances are judged against.
+            own: Δ_i, this node's own change, a reference no neighbour can forge.
+        """
         live = {p: d.to(torch.float64) for p, d in deltas.items() if bool(d.any())}
         norms = {p: float(d.norm()) for p, d in live.items()}
+        own_norm = [float(own.norm())] if own is not None and bool(own.any()) else []
         updated = {}
-        for peer, d in live.items():
-            others = [q for q in live if q != peer]
-            if not others:
+        for peer in {*deltas, *(distances or {})}:
+            far = 0.0
+            if distances is not None and peer in distances and 0 < radius < math.inf:
+                far = min(self.cap, max(0.0, distances[peer] / radius - self.distance_slack))
+            old = self.scores.get(peer, 0.0)
+            if peer not in live:
+                if far > 0:
+                    self.scores[peer] = updated[peer] = max(
+                        old, self.decay * old + (1 - self.decay) * far
+                    )
                 continue
-            median = float(torch.tensor([norms[q] for q in others]).median())
-            ratio = norms[peer] / median if median > 0 else self.cap
-            raw = min(self.cap, max(0.0, ratio - self.norm_slack))
-            # The mean of unit vectors: one huge neighbour cannot turn it against the rest.
-            mean = torch.stack([live[q] / norms[q] for q in others]).mean(dim=0)
-            if float(mean.norm()) > 0:
-                cos = float(torch.dot(d, mean) / (norms[peer] * mean.norm()))
-                raw += max(0.0, -cos)
-            score = self.decay * self.scores.get(peer, 0.0) + (1 - self.decay) * raw
+            others = [norms[q] for q in live if q != peer]
+            if not others and not own_norm and far == 0:
+                continue
+            raw = far
+            if others or own_norm:
+                # Neighbours can only raise the reference above this node's own change, never
+                # lower it (a stopped attacker's deltas are zero: a median with it was tiny).
+                median = float(torch.tensor(others).median()) if others else 0.0
+                reference = max([median, *own_norm])
+                ratio = norms[peer] / reference if reference > 0 else self.cap
+                raw += min(self.cap, max(0.0, ratio - self.norm_slack))
+            score = self.decay * old + (1 - self.decay) * raw
             self.scores[peer] = updated[peer] = score
         return updated
 
@@ -198,30 +241,51 @@ class AnomalyScore:
 
 class NeighbourScores:
     """The anomaly score of each neighbour, fed with the change of its replica between two of
-    this node's rounds (its deltas since, whatever their number). A replica restarted by a new
-    session is not a change. Keeps a copy of each neighbour's replica from the last round, so
-    it doubles the replicas' memory.
+    this node's rounds (its deltas since, whatever their number), its distance from this
+    node's public copy, the clipping radius of those distances, and this node's own change. A
+    replica restarted by a new session is not a change. Keeps a copy of each neighbour's
+    replica from the last round, so it doubles the replicas' memory.
+
+    The radius the distances are judged against is τ_i (uniform weights), but at least
+    ``radius_floor`` of ||x̂_i||: near consensus honest replicas agree to the codec's precision,
+    so τ_i shrinks to nothing and a neighbour a thousandth of the model's norm away would count
+    as twenty radii out, while a replica that close can move the model by a negligible amount.
 
     Args:
         score: the score to feed (a default :class:`AnomalyScore` if None).
+        byzantine_fraction: δ of the radius the distances are judged against.
+        radius_floor: the least radius, as a share of ||x̂_i||.
     """
 
-    def __init__(self, score: AnomalyScore | None = None) -> None:
+    def __init__(
+        self,
+        score: AnomalyScore | None = None,
+        byzantine_fraction: float = 0.25,  # the daemon's default δ
+        radius_floor: float = 0.01,  # a flipper is 2 norms away, 50 times the floor's slack
+    ) -> None:
         self.anomaly = score or AnomalyScore()
+        self.byzantine_fraction, self.radius_floor = byzantine_fraction, radius_floor
         self._seen: dict[NodeId, tuple[int, torch.Tensor]] = {}  # peer: (session, replica)
+        self._own: torch.Tensor | None = None
 
     def update(self, state: GossipState, neighbours: frozenset[NodeId]) -> frozenset[NodeId]:
         """Score the neighbours' changes since the last update; returns those evicted now."""
-        deltas = {}
+        deltas, distances = {}, {}
         for peer in neighbours:
             replica = state.replicas.get(peer)
             if replica is None:
                 continue
+            distances[peer] = float((replica.value - state.public).norm())
             seen = self._seen.get(peer)
             if seen is not None and seen[0] == replica.session:
                 deltas[peer] = replica.value - seen[1]
             self._seen[peer] = (replica.session, replica.value.clone())
-        self.anomaly.update(deltas)
+        own = None if self._own is None else state.public - self._own
+        self._own = state.public.clone()
+        # Uniform weights: the score judges positions, whatever weight the mix gives them.
+        radius = clip_radius(distances, dict.fromkeys(distances, 1.0), self.byzantine_fraction)
+        radius = max(radius, self.radius_floor * float(state.public.norm()))
+        self.anomaly.update(deltas, distances, radius, own)
         return self.anomaly.evicted() & neighbours
 
     def forget(self, peers: frozenset[NodeId]) -> None:
@@ -239,4 +303,16 @@ def attack_target(attack: str, x: torch.Tensor, generator: torch.Generator) -> t
         return -x
     if attack == "random":
         return x + torch.randn(x.shape, generator=generator, device=x.device)
+    if attack == "huge":
+        direction = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        size = HUGE_FACTOR * (float(x.norm()) or 1.0)  # a zero model is still attacked
+        return x + direction * (size / float(direction.norm()))
+    if attack == "spike":
+        count = min(x.numel(), max(1, round(SPIKE_SHARE * x.numel())))
+        where = torch.randperm(x.numel(), generator=generator, device=x.device)[:count]
+        signs = torch.randint(0, 2, (count,), generator=generator, device=x.device) * 2 - 1
+        size = SPIKE_FACTOR * (float(x.abs().max()) or 1.0) if count else 0.0
+        spiked = x.clone().reshape(-1)
+        spiked[where] = signs.to(x.dtype) * size
+        return spiked.reshape(x.shape)
     raise ValueError(f"unknown attack {attack!r}; known: {', '.join(ATTACKS)}")

@@ -640,8 +640,8 @@ def _add_simulate_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         metavar="SHARE",
-        help="testing robustness: share of the nodes that publish --attack scale|flip|random "
-        "instead of their model (samples count the honest nodes only)",
+        help="testing robustness: share of the nodes that publish --attack (scale, flip, "
+        "random, huge, spike) instead of their model (samples count the honest nodes only)",
     )
     p.add_argument("--out", type=Path, default=Path("murmur-sim"), metavar="DIR", help="output dir")
     p.add_argument("--quiet", action="store_true", help="no progress")

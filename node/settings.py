@@ -45,7 +45,7 @@ CODEC_NAMES = ("none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", 
 #: The graphs of ``gossip/topology.py`` (likewise checked by a test).
 TOPOLOGY_NAMES = ("ring", "exponential", "random-regular")
 #: Test-only attacks a node can mount on its neighbours (``GossipConfig.attack``).
-ATTACKS = ("scale", "flip", "random")
+ATTACKS = ("scale", "flip", "random", "huge", "spike")
 ENV_PREFIX = "MURMUR_"
 #: Variables with the prefix that are not settings: the testbed's (its entry point reads
 #: MURMUR_NAME, docker/compose.yml MURMUR_IMAGE).
@@ -145,7 +145,9 @@ class GossipSettings(_Schema):
     byzantine_fraction: Fraction = Field(
         0.25, description="with robust: share of neighbour weight assumed Byzantine"
     )
-    attack: Literal["scale", "flip", "random"] | None = Field(None, description="tests only")
+    attack: Literal["scale", "flip", "random", "huge", "spike"] | None = Field(
+        None, description="tests only"
+    )
     outer_lr: Positive | None = Field(
         None, description="DiLoCo-style outer Nesterov step's learning rate (none: off)"
     )

@@ -120,6 +120,8 @@ class SimNode:
             self.mixer.set_neighbours,
         )
         self.counters = Counters()
+        #: Every neighbour this node's anomaly score evicted, once per eviction (robust mixing).
+        self.evictions: list[str] = []
         self.inbound = Inbound(self.state, self.counters, sim.clock)
         self.swim_bytes = 0
         self.step = 0
@@ -249,6 +251,7 @@ class SimNode:
                 self.node_id, self.state.session, made.seq, self.step, made.payload, self.degree
             )
             self.counters.rounds += 1
+            self.evictions.extend(made.newly_evicted)
             for link in list(self.links.values()):
                 link.offer(delta)
             return True

@@ -66,6 +66,10 @@ class Sample:
     events: int
     #: Training nodes whose live view is not exactly the nodes that are up (0: one view).
     partial_views: int = 0
+    #: Evictions so far by the honest nodes' anomaly scores (robust mixing), of an honest
+    #: neighbour and of an attacker.
+    evicted_honest: int = 0
+    evicted_attackers: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -380,7 +384,14 @@ class Simulation:
             wall_s=time.perf_counter() - self._started,
             events=self.events.processed,
             partial_views=self.partial_views(),
+            **self._evictions(live),
         )
+
+    def _evictions(self, live: list[SimNode]) -> dict[str, int]:
+        attackers = {n.node_id for n in self.nodes.values() if n.attack is not None}
+        evicted = [peer for n in live for peer in n.evictions]
+        bad = sum(peer in attackers for peer in evicted)
+        return {"evicted_honest": len(evicted) - bad, "evicted_attackers": bad}
 
     def partial_views(self) -> int:
         """Training nodes whose view of live members is not exactly the nodes that are up."""

@@ -11,7 +11,13 @@ import torch
 from gossip.clock import ManualClock
 from gossip.codecs import get_codec
 from gossip.replicas import GossipState
-from gossip.robust import AnomalyScore, clip_radius, clipped_consensus_step
+from gossip.robust import (
+    AnomalyScore,
+    NeighbourScores,
+    attack_target,
+    clip_radius,
+    clipped_consensus_step,
+)
 from gossip.simulate import SyncSwarm
 from gossip.topology import build
 
@@ -78,17 +84,34 @@ def test_a_neighbour_with_huge_deltas_is_evicted_and_honest_ones_are_not() -> No
     assert max(score.scores[p] for p in "abcd") < 0.2
 
 
-def test_a_flipped_delta_scores_higher_than_an_honest_one_but_alone_does_not_evict() -> None:
+def test_two_flippers_among_five_are_evicted_for_their_distance_and_honest_pulls_are_not() -> None:
+    """Issue 21: under a flip attack the score evicted honest neighbours and never the
+    attackers. Flippers publish -x: their deltas are as large as honest ones and the others'
+    mean direction is half theirs, but they sit two norms away while honest replicas are a
+    consensus distance apart; near consensus honest deltas are pulls toward each other, so
+    they point against each other."""
     g = torch.Generator().manual_seed(3)
-    score = AnomalyScore()
-    for _ in range(20):
-        common = torch.randn(32, generator=g)
-        deltas = {p: common + 0.3 * torch.randn(32, generator=g) for p in "abc"}
-        deltas["z"] = -common
-        score.update(deltas)
-    assert score.scores["z"] > 0.8  # nearly cos = -1 every round
-    assert max(score.scores[p] for p in "abc") < 0.05
-    assert score.evicted() == frozenset()  # direction alone is at most 1: not over 1
+    x = torch.randn(64, generator=g)
+    honest = {p: x + 0.05 * torch.randn(64, generator=g) for p in "abc"}
+    state = state_with(
+        x.tolist(),
+        {**{p: v.tolist() for p, v in honest.items()}, "y": (-x).tolist(), "z": (-x).tolist()},
+    )
+    scores = NeighbourScores()  # δ = 0.25
+    peers = frozenset("abcyz")
+    evicted: set[str] = set()
+    for _ in range(30):
+        drift = 0.02 * torch.randn(64, generator=g)
+        centre = torch.stack([state.replicas[p].value for p in "abc"]).mean(dim=0)
+        for p in "abc":  # half-way to the honest centre, plus this round's training
+            value = state.replicas[p].value
+            state.replicas[p].value = value + 0.5 * (centre - value) + drift
+        for p in "yz":  # the flippers' own training, published sign-flipped
+            state.replicas[p].value = state.replicas[p].value - drift
+        state.public += drift
+        evicted |= scores.update(state, peers)
+    assert evicted == {"y", "z"}
+    assert max(scores.anomaly.scores[p] for p in "abc") < 0.5
 
 
 def test_one_odd_round_does_not_evict_but_a_few_do() -> None:
@@ -174,3 +197,76 @@ def test_an_excluded_neighbour_does_not_pull_but_still_counts_in_the_radius() ->
     # Had a and b been dropped, z alone would set τ = 500 and pull unclipped.
     assert result.tau == 5.0
     assert torch.allclose(x, torch.tensor([0.75, 1.0]))  # 0.25 * (3, 4)
+
+
+def test_the_huge_attack_adds_a_finite_delta_of_ten_thousand_times_the_model() -> None:
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(4))
+    first = attack_target("huge", x, torch.Generator().manual_seed(5))
+    again = attack_target("huge", x, torch.Generator().manual_seed(5))
+    assert torch.equal(first, again)  # seeded by the generator it is given
+    assert bool(first.isfinite().all())
+    assert float((first - x).norm()) == pytest.approx(1e4 * float(x.norm()), rel=1e-4)
+    # A random direction, not along x.
+    assert abs(float(torch.nn.functional.cosine_similarity(first - x, x, dim=0))) < 0.2
+    # A zero model is still attacked, with a delta of norm 1e4.
+    zero = attack_target("huge", torch.zeros(10), torch.Generator().manual_seed(5))
+    assert float(zero.norm()) == pytest.approx(1e4, rel=1e-4)
+
+
+def test_the_spike_attack_sets_one_in_a_thousand_coordinates_far_outside_the_model() -> None:
+    x = torch.rand(5000, generator=torch.Generator().manual_seed(6)) - 0.5
+    spiked = attack_target("spike", x, torch.Generator().manual_seed(7))
+    changed = (spiked != x).nonzero().flatten()
+    assert len(changed) == 5  # 0.1% of 5,000
+    top = 1e3 * float(x.abs().max())
+    assert torch.allclose(spiked[changed].abs(), torch.full((5,), top))
+    assert {1.0, -1.0} >= set(spiked[changed].sign().tolist())
+    assert torch.equal(spiked, attack_target("spike", x, torch.Generator().manual_seed(7)))
+    # Small models still get one spike.
+    assert int((attack_target("spike", x[:10], torch.Generator()) != x[:10]).sum()) == 1
+
+
+def test_an_unknown_attack_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="scale, flip, random, huge, spike"):
+        attack_target("nope", torch.ones(3), torch.Generator())
+
+
+def test_near_consensus_replicas_a_thousandth_of_the_norm_away_are_not_evicted() -> None:
+    """Issue 21: at consensus honest replicas agree to the codec's precision, τ shrinks to
+    nothing, and two neighbours a thousandth of the model's norm away were twenty radii out."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(64, generator=g)  # norm about 8
+    near = {p: x + 1e-6 * torch.randn(64, generator=g) for p in "abc"}
+    off = {p: x + 1e-3 * torch.randn(64, generator=g) for p in "yz"}  # about 0.008 away
+    state = state_with(x.tolist(), {p: v.tolist() for p, v in {**near, **off}.items()})
+    scores = NeighbourScores()
+    peers = frozenset("abcyz")
+    for _ in range(30):
+        step = 1e-4 * torch.randn(64, generator=g)
+        for replica in state.replicas.values():
+            replica.value = replica.value + step
+        state.public += step
+        assert scores.update(state, peers) == frozenset()
+    # Ten norms away is still far beyond the floor.
+    state.replicas["z"].value = -9 * state.public
+    assert any("z" in scores.update(state, peers) for _ in range(5))
+
+
+def test_a_stopped_neighbour_cannot_shrink_the_reference_below_this_nodes_own_change() -> None:
+    """Issue 21: a flipper that stopped training sends nearly nothing; when the other
+    neighbours were silent, a median of its delta and this node's own made an honest
+    neighbour's ordinary delta ten times the reference, and evicted it."""
+    g = torch.Generator().manual_seed(9)
+    score = AnomalyScore()
+    for _ in range(30):
+        own = 0.3 * torch.randn(32, generator=g) / 32**0.5
+        honest = 0.2 * torch.randn(32, generator=g) / 32**0.5
+        stopped = 0.02 * torch.randn(32, generator=g) / 32**0.5
+        score.update({"c": honest, "z": stopped, "e": torch.zeros(32)}, own=own)
+    assert score.evicted() == frozenset()
+    assert score.scores["c"] < 0.1
+    # Without its own change to compare with, the node has only the stopped neighbour's.
+    alone = AnomalyScore()
+    for _ in range(10):
+        alone.update({"c": torch.ones(32), "z": 0.01 * torch.ones(32)})
+    assert alone.evicted() == {"c"}
