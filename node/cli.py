@@ -249,6 +249,13 @@ def _add_run_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help=_h("wait_timeout_s"),
     )
     p.add_argument(
+        "--snapshot-grace",
+        dest="snapshot_grace_s",
+        metavar="SECONDS",
+        default=s,
+        help=_h("snapshot_grace_s"),
+    )
+    p.add_argument(
         "--checkpoint-interval",
         dest="checkpoint_interval_s",
         metavar="SECONDS",

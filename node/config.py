@@ -143,6 +143,8 @@ class NodeConfig:
         threads: torch intra-op threads; None leaves torch's default.
         wait_members: start training once this many members (self included) are known.
         wait_timeout_s: start training anyway after this long, with a warning.
+        snapshot_grace_s: once every edge of ours is up, wait at most this long (or as long as
+            ours took, if longer) for neighbours' own public copies, then start without them.
         checkpoint_interval_s: how often the node writes its checkpoint while it runs.
         insecure: plain TCP instead of mutual TLS (trusted networks only).
         tls_dir: where node_key.pem, node_cert.pem and ca_cert.pem are (``murmur ca issue``
@@ -174,6 +176,7 @@ class NodeConfig:
     threads: int | None = None
     wait_members: int = 1
     wait_timeout_s: float = 60.0
+    snapshot_grace_s: float = 10.0
     checkpoint_interval_s: float = 30.0
     insecure: bool = False
     tls_dir: Path | None = None

@@ -645,10 +645,18 @@ class Node:
     async def _start_training(self) -> None:
         """Start once ``wait_members`` members are known and every edge is up both ways (each
         neighbour took our public copy and sent us its own), so no node trains its first steps
-        alone; after ``wait_timeout_s``, start anyway."""
+        alone; after ``wait_timeout_s``, start anyway.
+
+        A neighbour that took our copy but never sends its own (a wedged or hostile member)
+        holds the start only for a grace period once every edge of ours is up:
+        ``snapshot_grace_s``, or as long as our own edges took if that is longer (its copy is
+        as big as ours, so on a slow link it may well take as long to arrive).
+        """
         want = self.cfg.wait_members
         hood = self.peers.neighbourhood
-        deadline = time.monotonic() + self.cfg.wait_timeout_s
+        started = time.monotonic()
+        deadline = started + self.cfg.wait_timeout_s
+        grace_end: float | None = None
 
         def missing() -> list[str]:
             """What training still waits for: members, then both directions of every edge
@@ -670,19 +678,35 @@ class Node:
                 waiting.append(f"links ({len(links) - len(down)} of {len(links)} up; {edges})")
             return waiting
 
+        def ready() -> bool:
+            """Nothing is missing, or only neighbours' copies are and their grace is over."""
+            nonlocal grace_end
+            if not missing():
+                return True
+            now = time.monotonic()
+            if (
+                grace_end is None
+                and len(self.peers.view) >= want
+                and hood.links_up() == len(hood.links)
+            ):
+                grace = max(self.cfg.snapshot_grace_s, now - started)
+                grace_end = now + grace
+                asyncio.get_running_loop().call_later(grace, self.notify_change)
+            return grace_end is not None and now >= grace_end
+
         def describe() -> str | None:
             waiting = missing()
             if not waiting:
                 return None
-            left = fmt_duration(max(0.0, deadline - time.monotonic()))
+            until = deadline if grace_end is None else min(deadline, grace_end)
+            left = fmt_duration(max(0.0, until - time.monotonic()))
             return (
                 f"node {self.node_id[:8]} waiting for {' and '.join(waiting)}; "
                 f"training starts anyway in {left}"
             )
 
-        started = time.monotonic()
         try:
-            waited = self.wait_until(lambda: not missing(), self.cfg.wait_timeout_s)
+            waited = self.wait_until(ready, self.cfg.wait_timeout_s)
             await with_countdown(waited, describe, _WAIT_TICKS)
         except TimeoutError:
             log.warning(
@@ -696,13 +720,23 @@ class Node:
                 " and ".join(missing()) or "nothing",
             )
         else:
-            log.info(
-                "node %s starts training: %d members, %d links up both ways, after %.1f s",
-                self.node_id[:8],
-                len(self.peers.view),
-                len(hood.links),
-                time.monotonic() - started,
-            )
+            late = sorted(p for p in hood.links if p not in self.gossiper.replicated)
+            if late:
+                log.warning(
+                    "node %s starts training without the public copies of %s: they took ours "
+                    "but sent none within %.1f s; their edges count once theirs arrive",
+                    self.node_id[:8],
+                    ", ".join(p[:8] for p in late),
+                    time.monotonic() - started,
+                )
+            else:
+                log.info(
+                    "node %s starts training: %d members, %d links up both ways, after %.1f s",
+                    self.node_id[:8],
+                    len(self.peers.view),
+                    len(hood.links),
+                    time.monotonic() - started,
+                )
         if self.cfg.summary_interval_s > 0:
             summary = Summary(self.status, self.cfg.summary_interval_s)
             self._spawn(summary.run(), "summary")

@@ -231,6 +231,11 @@ class RunSettings(_Schema):
     wait_timeout_s: Annotated[float, Field(ge=0)] = Field(
         60.0, description="seconds to wait for a join and for members, then go on"
     )
+    snapshot_grace_s: Annotated[float, Field(ge=0)] = Field(
+        10.0,
+        description="once our edges are up, seconds to wait for neighbours' own copies "
+        "(at least as long as ours took), then start without them",
+    )
     checkpoint_interval_s: Positive = Field(30.0, description="seconds between checkpoints")
     summary_interval_s: Annotated[float, Field(ge=0)] = Field(  # a line per 10 s reads well
         10.0, description="seconds between summary lines in the log; 0 for none"
@@ -268,6 +273,7 @@ SECTIONS: dict[str, type[_Schema]] = {
 #: takes them as keys too. ``shard`` is ``shard_index`` and ``shard_count`` together.
 FLAG_KEYS: dict[str, str] = {
     "wait-timeout": "wait_timeout_s",
+    "snapshot-grace": "snapshot_grace_s",
     "checkpoint-interval": "checkpoint_interval_s",
     "summary-interval": "summary_interval_s",
     "idle-eval-interval": "trainer.idle_eval_interval_s",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gossip.messages import Delta
+from gossip.messages import Delta, SnapshotHeader
 from gossip.simulate import consensus_distance
 from gossip.swim import SwimConfig
 from gossip.topology import build
@@ -129,6 +129,31 @@ async def test_a_silent_neighbour_leaves_the_mix_and_training_goes_on(
         await a.wait_until(lambda: dead.node_id not in a.gossiper.silenced, TIMEOUT_S)
         assert not await out_of_mix()
         assert f"{dead.node_id} speaks again: back in the mix" in caplog.text
+
+
+async def test_a_member_that_never_sends_its_copy_holds_the_start_only_for_the_grace(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The third node takes its neighbours' copies but every copy of its own is lost, so their
+    edges to it never come up both ways. They start after the grace (0.5 s), not the wait
+    timeout (an hour), and name it; it keeps waiting, since its own edges never come up."""
+    caplog.set_level(logging.WARNING, logger="node.node")
+    silent_address = "mem:2"  # the in-memory network numbers its nodes in order
+    network = MemoryNetwork(
+        drop=lambda caller, _, msg: caller == silent_address and isinstance(msg, SnapshotHeader)
+    )
+    settings = {"trainer.steps": 100_000, "wait_timeout_s": 3600.0, "snapshot_grace_s": 0.5}
+    async with memory_swarm(tmp_path, 3, settings, network) as nodes:
+        a, b, silent = nodes
+        assert silent.address == silent_address
+        await a.wait_until(lambda: a.trainer.step > 20, TIMEOUT_S)
+        await b.wait_until(lambda: b.trainer.step > 20, TIMEOUT_S)
+        assert silent.trainer.step == 0
+        assert f"without the public copies of {silent.node_id[:8]}" in caplog.text
+        status = await a.status()
+        mixed = {s.node_id for s in status.neighbours if s.in_mix}
+        assert b.node_id in mixed
+        assert silent.node_id not in mixed
 
 
 async def test_a_node_refuses_a_swarm_that_trains_something_else(tmp_path: Path) -> None:
