@@ -1,5 +1,5 @@
-"""A real mosquitto broker for tests, on a free loopback port, that can stop and start again on
-the same port (a broker that goes away mid-run)."""
+"""A real mosquitto broker for tests, on a free port (of loopback, or of ``host``), that can stop
+and start again on the same port (a broker that goes away mid-run)."""
 
 from __future__ import annotations
 
@@ -29,16 +29,16 @@ def mosquitto_binary() -> str:
     return found
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
 
 
-def _accepts(port: int) -> bool:
+def _accepts(host: str, port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with socket.create_connection((host, port), timeout=0.5):
             return True
     except OSError:
         return False
@@ -48,13 +48,15 @@ class MosquittoBroker:
     """``start()`` and ``stop()`` as often as a test needs; the port stays the same.
 
     ``persistent``: retained messages and sessions are saved in ``workdir`` every second and
-    loaded again on start, as a broker in production keeps them.
+    loaded again on start, as a broker in production keeps them. ``host``: the address it
+    listens on (a test network's bridge address, say, for nodes in namespaces).
     """
 
-    def __init__(self, workdir: Path, persistent: bool = False) -> None:
+    def __init__(self, workdir: Path, persistent: bool = False, host: str = "127.0.0.1") -> None:
         self.binary = mosquitto_binary()
         self.workdir = workdir
-        self.port = free_port()
+        self.host = host
+        self.port = free_port(host)
         self.proc: subprocess.Popen[bytes] | None = None
         self.conf = workdir / "mosquitto.conf"
         self.log = workdir / "mosquitto.log"
@@ -66,11 +68,11 @@ class MosquittoBroker:
             if persistent
             else "persistence false\n"
         )
-        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n{persistence}")
+        self.conf.write_text(f"listener {self.port} {host}\nallow_anonymous true\n{persistence}")
 
     @property
     def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
+        return f"mqtt://{self.host}:{self.port}"
 
     def start(self) -> None:
         """Start mosquitto and return once its port takes connections."""
@@ -81,7 +83,7 @@ class MosquittoBroker:
             )
         # Polling the port is waiting for the event itself: the listener being up.
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not _accepts(self.port):
+        while not _accepts(self.host, self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 pytest.fail(f"mosquitto did not start:\n{self.log.read_text()}", pytrace=False)

@@ -221,11 +221,22 @@ class Servicer(murmur_pb2_grpc.MurmurServicer):
                 self._held[err.caller] -= 1
                 if not self._held[err.caller]:
                     del self._held[err.caller]
-        await context.abort(
-            status_code(err.reason),
-            f"{err.reason}: {err.detail}",
-            trailing_metadata=((REASON_KEY, str(err.reason)),),
-        )
+        if context.done():
+            # The call is over (the caller left, or the server is stopping): there is no one to
+            # tell, and gRPC would log a failed status send as a servicer error.
+            raise asyncio.CancelledError
+        try:
+            await context.abort(
+                status_code(err.reason),
+                f"{err.reason}: {err.detail}",
+                trailing_metadata=((REASON_KEY, str(err.reason)),),
+            )
+        except grpc.aio.AbortError:
+            raise  # how abort ends the call
+        except Exception as failed:
+            # It ended between the check and the abort (gRPC's private ExecuteBatchError: the
+            # status could not be sent). A cancellation is what it is, and gRPC logs it quietly.
+            raise asyncio.CancelledError from failed
 
     async def Hello(  # noqa: N802 (gRPC method names)
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
