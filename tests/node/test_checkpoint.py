@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save
+from safetensors import safe_open
+from safetensors.torch import load_file, save
 
 from node.checkpoint import (
     CHECKPOINT_FILE,
@@ -71,6 +72,37 @@ def test_a_checkpoint_round_trips_with_the_optimizer_state(
         m(batch).pow(2).sum().backward()
         opt.step()
     assert torch.equal(model.weight, again.weight)
+
+
+def test_the_file_is_safetensors_whatever_the_tensors_dtype_shape_or_storage(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint is streamed tensor by tensor without safetensors' writer: views of one
+    flat buffer (as a model's parameters are), every dtype, 0-d and empty tensors come back
+    exactly through safetensors' own reader, with the metadata."""
+    flat = torch.arange(12, dtype=torch.float32)
+    model = {
+        "a": flat[:6].view(2, 3),
+        "b": flat[6:],  # shares a's storage
+        "half": torch.randn(5).half(),
+        "bf16": torch.randn(3, 1).bfloat16(),
+        "f64": torch.randn(2, dtype=torch.float64),
+        "count": torch.tensor(7),  # 0-d int64
+        "mask": torch.tensor([True, False, True]),
+        "i8": torch.tensor([-128, 0, 127], dtype=torch.int8),
+        "empty": torch.zeros(0, 4),
+        "strided": torch.randn(4, 4).t(),  # not contiguous
+    }
+    path = tmp_path / "ckpt.safetensors"
+    save_checkpoint(path, Checkpoint(model, torch.randn(9), None, {"step": 3}))
+    raw = load_file(str(path))
+    for name, tensor in model.items():
+        assert raw[name].dtype == tensor.dtype, name
+        assert torch.equal(raw[name], tensor), name
+    with safe_open(str(path), framework="pt") as f:
+        assert json.loads((f.metadata() or {})["murmur"]) == {"step": 3}
+    got = load_checkpoint(path)  # the checksum agrees
+    assert torch.equal(got.model["b"], flat[6:])
 
 
 def test_a_failed_write_leaves_the_old_file_whole(
