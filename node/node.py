@@ -657,6 +657,7 @@ class Node:
         started = time.monotonic()
         deadline = started + self.cfg.wait_timeout_s
         grace_end: float | None = None
+        late: list[str] = []  # the neighbours whose copies the grace gave up on
 
         def missing() -> list[str]:
             """What training still waits for: members, then both directions of every edge
@@ -680,7 +681,7 @@ class Node:
 
         def ready() -> bool:
             """Nothing is missing, or only neighbours' copies are and their grace is over."""
-            nonlocal grace_end
+            nonlocal grace_end, late
             if not missing():
                 return True
             now = time.monotonic()
@@ -692,7 +693,13 @@ class Node:
                 grace = max(self.cfg.snapshot_grace_s, now - started)
                 grace_end = now + grace
                 asyncio.get_running_loop().call_later(grace, self.notify_change)
-            return grace_end is not None and now >= grace_end
+            if grace_end is None or now < grace_end:
+                return False
+            # Decided here, from what is missing now: the worker publishes the replicas from
+            # its own thread, so a later look may see another moment.
+            replicated = self.gossiper.replicated
+            late = sorted(p for p in hood.links if p not in replicated)
+            return True
 
         def describe() -> str | None:
             waiting = missing()
@@ -720,7 +727,6 @@ class Node:
                 " and ".join(missing()) or "nothing",
             )
         else:
-            late = sorted(p for p in hood.links if p not in self.gossiper.replicated)
             if late:
                 log.warning(
                     "node %s starts training without the public copies of %s: they took ours "
