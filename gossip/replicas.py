@@ -48,6 +48,11 @@ __all__ = [
 NodeId = str
 
 
+#: Dropped peers' replicas kept for their return: a view flickers over one or two peers at a
+#: time while members arrive, and each kept copy costs a model's size.
+MAX_PARKED = 2
+
+
 class GossipError(Exception):
     """A message the state machine refuses; the state is unchanged when it is raised."""
 
@@ -160,8 +165,9 @@ class GossipState:
         self.seq = 0
         self.replicas: dict[NodeId, Replica] = {}
         self._peers: set[NodeId] = set()
-        #: Replicas of peers that the view dropped, kept (oldest first, at most as many as
-        #: there are peers) in case the view takes them back: see :meth:`set_peers`.
+        #: Replicas of peers that the view dropped, kept (oldest first, at most
+        #: ``MAX_PARKED``, and no more than there are peers) in case the view takes them back:
+        #: see :meth:`set_peers`.
         self._parked: dict[NodeId, Replica] = {}
 
     @property
@@ -212,7 +218,7 @@ class GossipState:
             parked = self._parked.pop(peer, None)
             if parked is not None:
                 self.replicas[peer] = parked
-        while len(self._parked) > len(self._peers):  # each is a model's size
+        while len(self._parked) > min(MAX_PARKED, len(self._peers)):  # each is a model's size
             del self._parked[next(iter(self._parked))]
         return gone
 

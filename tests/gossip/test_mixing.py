@@ -69,6 +69,14 @@ def test_a_peer_taken_back_gets_its_replica_back_as_it_was() -> None:
     s.set_peers(frozenset({"c"}))  # a parked too: at most as many as there are peers, the newest
     s.set_peers(frozenset({"a", "b", "c"}))
     assert sorted(s.replicas) == ["a"]
+    # At most MAX_PARKED, however many peers there are: each costs a model's size.
+    many = frozenset("defgh")
+    s.set_peers(many)
+    for peer in sorted(many):
+        s.receive_snapshot(peer, 1, 1, torch.zeros(8))
+    s.set_peers(frozenset("xyzuvw"))  # all five dropped at once; only the last two kept
+    s.set_peers(many)
+    assert sorted(s.replicas) == ["g", "h"]
 
 
 def test_the_pacer_waits_for_local_steps_and_idle_links() -> None:
