@@ -48,6 +48,11 @@ __all__ = [
 NodeId = str
 
 
+#: Dropped peers' replicas kept for their return: a view flickers over one or two peers at a
+#: time while members arrive, and each kept copy costs a model's size.
+MAX_PARKED = 2
+
+
 class GossipError(Exception):
     """A message the state machine refuses; the state is unchanged when it is raised."""
 
@@ -160,6 +165,10 @@ class GossipState:
         self.seq = 0
         self.replicas: dict[NodeId, Replica] = {}
         self._peers: set[NodeId] = set()
+        #: Replicas of peers that the view dropped, kept (oldest first, at most
+        #: ``MAX_PARKED``, and no more than there are peers) in case the view takes them back:
+        #: see :meth:`set_peers`.
+        self._parked: dict[NodeId, Replica] = {}
 
     @property
     def numel(self) -> int:
@@ -187,14 +196,30 @@ class GossipState:
     def set_peers(self, peers: frozenset[NodeId]) -> frozenset[NodeId]:
         """Exchange with exactly ``peers``: forget the others, admit the new ones.
 
+        A peer taken back gets its replica back as it was when the view dropped it. The sender
+        cannot know that our view dropped it for a while (its own view may never have), so it
+        sends no new snapshot: before training its link streams nothing at all, and a start
+        that waits for every neighbour's copy would wait for that sender to train (issue 13's
+        start-up stall). The parked copy is still the sender's x̂: anything the sender sent
+        meanwhile was refused, which made it resync, and its snapshot replaces the copy; a
+        delta that does not follow it is a gap, repaired the same way.
+
         Returns:
             The peers forgotten.
         """
         gone = frozenset(self._peers - peers)
-        for peer in gone:
+        for peer in sorted(gone):
+            replica = self.replicas.get(peer)
             self.forget(peer)
+            if replica is not None:
+                self._parked[peer] = replica
         for peer in peers - self._peers:
             self.admit(peer)
+            parked = self._parked.pop(peer, None)
+            if parked is not None:
+                self.replicas[peer] = parked
+        while len(self._parked) > min(MAX_PARKED, len(self._peers)):  # each is a model's size
+            del self._parked[next(iter(self._parked))]
         return gone
 
     # -- sending ------------------------------------------------------------------------------

@@ -54,6 +54,31 @@ def test_set_peers_forgets_the_replicas_of_those_that_go() -> None:
     assert "a" not in s.replicas
 
 
+def test_a_peer_taken_back_gets_its_replica_back_as_it_was() -> None:
+    # The sender never learned that our view dropped it, so it sends no snapshot (issue 13).
+    s = state(ManualClock())
+    s.set_peers(frozenset({"a", "b"}))
+    s.receive_snapshot("a", 1, 3, torch.ones(8))
+    s.set_peers(frozenset({"b"}))
+    assert "a" not in s.replicas
+    s.set_peers(frozenset({"a", "b"}))
+    assert s.replicas["a"].seq == 3
+    assert torch.equal(s.replicas["a"].value, torch.ones(8))
+    s.receive_snapshot("b", 1, 1, torch.zeros(8))
+    s.set_peers(frozenset({"a"}))  # b parked
+    s.set_peers(frozenset({"c"}))  # a parked too: at most as many as there are peers, the newest
+    s.set_peers(frozenset({"a", "b", "c"}))
+    assert sorted(s.replicas) == ["a"]
+    # At most MAX_PARKED, however many peers there are: each costs a model's size.
+    many = frozenset("defgh")
+    s.set_peers(many)
+    for peer in sorted(many):
+        s.receive_snapshot(peer, 1, 1, torch.zeros(8))
+    s.set_peers(frozenset("xyzuvw"))  # all five dropped at once; only the last two kept
+    s.set_peers(many)
+    assert sorted(s.replicas) == ["g", "h"]
+
+
 def test_the_pacer_waits_for_local_steps_and_idle_links() -> None:
     pacer = RoundPacer(local_steps=3)
     assert not pacer.due(2)
