@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,9 +22,8 @@ from node.config import GossipConfig
 from node.evaluation import evaluate_run
 from node.status import NodeStatus
 from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
-from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
-from tests.node.helpers import poll
+from tests.e2e.watch import pull_models, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -37,47 +35,6 @@ CFG = SwarmConfig(
 #: Faster membership and checkpoints than the defaults, so the test spends its time training.
 EXTRA = ["--swim-period", "0.5", "--checkpoint-interval", "2"]
 TIMEOUT_S = 600.0
-
-
-async def status(transport: GrpcTransport, p: NodeProcess) -> NodeStatus | None:
-    try:
-        return await transport.call_status(p.address, 5.0)
-    except (Unreachable, Rejected):
-        return None
-
-
-async def wait_for(
-    transport: GrpcTransport,
-    procs: list[NodeProcess],
-    ok: Callable[[list[NodeStatus]], bool],
-    what: str,
-) -> list[NodeStatus]:
-    """Poll the nodes' status until ``ok(statuses)`` holds; a node that exits fails at once."""
-
-    async def check() -> list[NodeStatus] | None:
-        for p in procs:
-            assert not p.exited, f"node {p.index} exited:\n{p.log_tail()}"
-        got = await asyncio.gather(*(status(transport, p) for p in procs))
-        statuses = [s for s in got if s is not None]
-        return statuses if len(statuses) == len(procs) and ok(statuses) else None
-
-    return await poll(check, what, TIMEOUT_S)
-
-
-async def pull_models(
-    transport: GrpcTransport, procs: list[NodeProcess]
-) -> dict[str, torch.Tensor]:
-    """Every node's current parameters, fetched at (nearly) the same moment."""
-
-    async def one(p: NodeProcess) -> torch.Tensor:
-        parts = [
-            torch.frombuffer(bytearray(c.data), dtype=torch.float32)
-            async for c in transport.call_pull_model(p.address, "churn-test", 30.0)
-        ]
-        return torch.cat(parts)
-
-    models = await asyncio.gather(*(one(p) for p in procs))
-    return {p.node_id: m for p, m in zip(procs, models, strict=True)}
 
 
 def distance_to_average(models: dict[str, torch.Tensor], node_id: str) -> float:
@@ -102,9 +59,11 @@ async def test_the_swarm_survives_kills_joins_and_a_restart(tmp_path: Path) -> N
         for p in first:
             join = first[p.index - 1].address if p.index else None
             await p.start(node_argv(CFG, p.index, p.state_dir, join, 6) + EXTRA, 120)
-        await wait_for(transport, first, lambda ss: all(s.step >= 300 for s in ss), "training")
+        await wait_for(
+            transport, first, lambda ss: all(s.step >= 300 for s in ss), "training", TIMEOUT_S
+        )
 
-        before = await pull_models(transport, first)
+        before = await pull_models(transport, first, "churn-test")
         distance_before = consensus_distance(before)
         restarted_before = distance_to_average(before, restarted.node_id)
         for victim in (restarted, killed):
@@ -118,6 +77,7 @@ async def test_the_swarm_survives_kills_joins_and_a_restart(tmp_path: Path) -> N
             survivors,
             lambda ss: all(live_members(s) == survivor_ids for s in ss),
             "the survivors to declare the killed nodes dead",
+            TIMEOUT_S,
         )
 
         for p in joiners:
@@ -137,6 +97,7 @@ async def test_the_swarm_survives_kills_joins_and_a_restart(tmp_path: Path) -> N
                 all(s.training_done for s in ss) and all(live_members(s) == live_ids for s in ss)
             ),
             "every live node to finish and to know exactly the live members",
+            TIMEOUT_S,
         )
         settle_from = {s.node_id: s.rounds for s in statuses}
         await wait_for(
@@ -144,13 +105,14 @@ async def test_the_swarm_survives_kills_joins_and_a_restart(tmp_path: Path) -> N
             live,
             lambda ss: all(s.rounds >= settle_from[s.node_id] + 20 for s in ss),
             "a few rounds after training",
+            TIMEOUT_S,
         )
-        after = await pull_models(transport, live)
+        after = await pull_models(transport, live, "churn-test")
         distance_after = consensus_distance(after)
         assert distance_after < distance_before, (distance_after, distance_before)
         assert distance_to_average(after, restarted.node_id) < restarted_before
 
-        final = await wait_for(transport, live, lambda ss: True, "status")
+        final = await wait_for(transport, live, lambda ss: True, "status", TIMEOUT_S)
         for s in final:
             assert live_members(s) == live_ids
             assert killed.node_id not in live_members(s)

@@ -14,7 +14,6 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,8 +26,8 @@ from node.status import NodeStatus
 from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
 from node.tasks import Shard, load_task
 from node.tasks.base import evaluate
-from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
+from tests.e2e.watch import pull_models, wait_for
 from tests.netns import Testnet
 from tests.node.helpers import poll
 
@@ -55,30 +54,6 @@ def host_argv(net: Testnet, i: int, state_dir: Path, join: str | None) -> list[s
     return [*net.exec_argv(i), *argv]
 
 
-async def status(transport: GrpcTransport, p: NodeProcess) -> NodeStatus | None:
-    try:
-        return await transport.call_status(p.address, 5.0)
-    except (Unreachable, Rejected):
-        return None
-
-
-async def wait_for(
-    transport: GrpcTransport,
-    procs: list[NodeProcess],
-    ok: Callable[[list[NodeStatus]], bool],
-    what: str,
-    timeout_s: float,
-) -> list[NodeStatus]:
-    async def check() -> list[NodeStatus] | None:
-        for p in procs:
-            assert not p.exited, f"node {p.index} exited:\n{p.log_tail()}"
-        got = await asyncio.gather(*(status(transport, p) for p in procs))
-        statuses = [s for s in got if s is not None]
-        return statuses if len(statuses) == len(procs) and ok(statuses) else None
-
-    return await poll(check, what, timeout_s)
-
-
 def alive(s: NodeStatus) -> set[str]:
     return {m.node_id for m in s.members if m.status is Status.ALIVE}
 
@@ -97,13 +72,7 @@ class Models:
         self.task = load_task(CFG.task)(Shard())
 
     async def pull(self, procs: list[NodeProcess]) -> dict[str, torch.Tensor]:
-        async def one(p: NodeProcess) -> torch.Tensor:
-            chunks = self.transport.call_pull_model(p.address, "partition-test", 30.0)
-            parts = [torch.frombuffer(bytearray(c.data), dtype=torch.float32) async for c in chunks]
-            return torch.cat(parts)
-
-        models = await asyncio.gather(*(one(p) for p in procs))
-        return {p.node_id: m for p, m in zip(procs, models, strict=True)}
+        return await pull_models(self.transport, procs, "partition-test")
 
     def accuracy(self, flat: torch.Tensor) -> float:
         offset = 0
