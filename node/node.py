@@ -657,7 +657,7 @@ class Node:
         started = time.monotonic()
         deadline = started + self.cfg.wait_timeout_s
         grace_end: float | None = None
-        late: list[str] = []  # the neighbours whose copies the grace gave up on
+        gave_up: list[str] = []  # what was still missing when the grace ran out
 
         def missing() -> list[str]:
             """What training still waits for: members, then both directions of every edge
@@ -681,7 +681,7 @@ class Node:
 
         def ready() -> bool:
             """Nothing is missing, or only neighbours' copies are and their grace is over."""
-            nonlocal grace_end, late
+            nonlocal grace_end, gave_up
             if not missing():
                 return True
             now = time.monotonic()
@@ -695,10 +695,9 @@ class Node:
                 asyncio.get_running_loop().call_later(grace, self.notify_change)
             if grace_end is None or now < grace_end:
                 return False
-            # Decided here, from what is missing now: the worker publishes the replicas from
-            # its own thread, so a later look may see another moment.
-            replicated = self.gossiper.replicated
-            late = sorted(p for p in hood.links if p not in replicated)
+            # Said as decided here: the worker publishes the replicas from its own thread, so
+            # a later look may see another moment.
+            gave_up = missing()
             return True
 
         def describe() -> str | None:
@@ -727,13 +726,14 @@ class Node:
                 " and ".join(missing()) or "nothing",
             )
         else:
-            if late:
+            if gave_up:
                 log.warning(
-                    "node %s starts training without the public copies of %s: they took ours "
-                    "but sent none within %.1f s; their edges count once theirs arrive",
+                    "node %s starts training after %.1f s without waiting longer for its "
+                    "neighbours' copies (still waiting for %s); an edge counts once its copy "
+                    "arrives",
                     self.node_id[:8],
-                    ", ".join(p[:8] for p in late),
                     time.monotonic() - started,
+                    " and ".join(gave_up),
                 )
             else:
                 log.info(
