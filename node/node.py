@@ -325,7 +325,7 @@ class Node:
             port = self.cfg.metrics_port
             try:
                 self.metrics_server = MetricsServer.start(
-                    self.status, host, port, tls if self.cfg.metrics_tls else None
+                    self.status, host, port, tls if self.cfg.metrics_tls else None, self.readiness
                 )
             except OSError as err:
                 raise OSError(f"cannot serve metrics on {host}:{port}: {err.strerror}") from err
@@ -855,6 +855,20 @@ class Node:
             await asyncio.sleep(self.cfg.gossip.idle_round_interval_s)
 
     # -- status and state ---------------------------------------------------------------------
+
+    def readiness(self) -> str | None:
+        """None once the node has joined, is training (or trained) and every link of its is up;
+        else why not, on one line (``/readyz``; event loop only)."""
+        hood = self.peers.neighbourhood
+        if self.closing:
+            return "stopping"
+        if not self.trainer.started:
+            return "not training yet: joining, or waiting for members and links"
+        if self.trainer.error is not None:
+            return f"training failed: {self.trainer.error}"
+        if hood.links_up() < len(hood.links):
+            return f"links: {hood.links_up()} of {len(hood.links)} up"
+        return None
 
     async def status(self) -> NodeStatus:
         return self._status(await self.gossiper.neighbour_views())
