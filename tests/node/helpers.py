@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +18,7 @@ from gossip.swim import MemberRecord, Outgoing, Swim, SwimConfig, SwimMessage
 from node.config import GossipConfig, NodeConfig
 from node.identity import Identity
 from node.node import MonotonicClock, Node
+from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, init_ca, issue_node
 from node.signing import public_key_der, record_signer
 from node.status import NodeStatus
 from node.trainer import TrainerConfig
@@ -58,7 +60,8 @@ async def memory_swarm(
 ) -> AsyncIterator[list[Node]]:
     """n nodes on one in-memory network, each joining through the first, all started.
 
-    ``settings`` are :func:`config` overrides shared by every node.
+    ``settings`` are :func:`config` overrides shared by every node (``wait_members`` is ``n``
+    unless they say otherwise).
     """
     network = network or MemoryNetwork()
     nodes: list[Node] = []
@@ -69,9 +72,8 @@ async def memory_swarm(
                 listen="mem:0",
                 shard_index=i,
                 shard_count=n,
-                wait_members=n,
                 join=(nodes[0].address,) if nodes else (),
-                **(settings or {}),
+                **{"wait_members": n, **(settings or {})},
             )
             transport: Transport = MemoryTransport(network)
             node = await Node.create(cfg, transport=transport)
@@ -81,6 +83,31 @@ async def memory_swarm(
     finally:
         for node in nodes:
             await node.stop(grace_s=0)
+
+
+async def tls_metrics_node(tmp_path: Path) -> Node:
+    """A started node over mutual TLS (CA in ``tmp_path / "ca"``), its metrics port serving
+    HTTPS to the swarm's certificates only, waiting for a second member; a client certificate
+    is issued in ``tmp_path / "me"`` (see :func:`metrics_client`)."""
+    init_ca(tmp_path / "ca")
+    issue_node(tmp_path / "ca", tmp_path / "node", "node")
+    issue_node(tmp_path / "ca", tmp_path / "me", "me")
+    cfg = config(
+        tmp_path / "node", insecure=False, metrics_port=0, metrics_tls=True, wait_members=2
+    )
+    node = await Node.create(cfg)
+    await node.start()
+    return node
+
+
+def metrics_client(tmp_path: Path, cert_dir: Path | None) -> ssl.SSLContext:
+    """A client of :func:`tls_metrics_node`: trusts its CA, shows ``cert_dir``'s certificate
+    (None: none)."""
+    context = ssl.create_default_context(cafile=str(tmp_path / "ca" / CA_CERT_FILE))
+    context.check_hostname = False  # node certificates name the swarm, not an address
+    if cert_dir is not None:
+        context.load_cert_chain(cert_dir / CERT_FILE, cert_dir / KEY_FILE)
+    return context
 
 
 def replica_matches_sender(receiver: Node, sender: Node) -> bool:

@@ -14,9 +14,8 @@ import pytest
 
 from node.metrics import HEALTH_TIMEOUT_S
 from node.node import Node
-from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, init_ca, issue_node
 from node.transport.memory import MemoryNetwork, MemoryTransport
-from tests.node.helpers import config, poll
+from tests.node.helpers import config, metrics_client, poll, tls_metrics_node
 
 TIMEOUT_S = 30.0
 
@@ -112,31 +111,17 @@ async def test_healthz_is_503_while_the_event_loop_is_wedged(tmp_path: Path) -> 
 
 
 async def test_health_checks_over_mutual_tls(tmp_path: Path) -> None:
-    init_ca(tmp_path / "ca")
-    issue_node(tmp_path / "ca", tmp_path / "node", "node")
-    issue_node(tmp_path / "ca", tmp_path / "me", "me")
-    cfg = config(
-        tmp_path / "node", insecure=False, metrics_port=0, metrics_tls=True, wait_members=2
-    )
-    node = await Node.create(cfg)
-    await node.start()
+    node = await tls_metrics_node(tmp_path)
     base = url(node, "").replace("http:", "https:")
 
-    def context(cert_dir: Path | None) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(tmp_path / "ca" / CA_CERT_FILE))
-        ctx.check_hostname = False  # node certificates name the swarm, not an address
-        if cert_dir is not None:
-            ctx.load_cert_chain(cert_dir / CERT_FILE, cert_dir / KEY_FILE)
-        return ctx
-
     try:
-        mine = context(tmp_path / "me")
+        mine = metrics_client(tmp_path, tmp_path / "me")
         assert await asyncio.to_thread(get, base + "/healthz", mine) == (200, "ok\n")
         code, body = await asyncio.to_thread(get, base + "/readyz", mine)
         assert code == 503
         assert body.startswith("not training yet")
         refused = (ssl.SSLError, urllib.error.URLError, ConnectionError)
         with pytest.raises(refused):
-            await asyncio.to_thread(get, base + "/healthz", context(None))
+            await asyncio.to_thread(get, base + "/healthz", metrics_client(tmp_path, None))
     finally:
         await node.stop(grace_s=0)

@@ -16,9 +16,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from node import wire
 from node.metrics import metrics_host
 from node.node import Node
-from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, init_ca, issue_node
 from node.status import MAX_STATUS_MEMBERS, format_status
-from tests.node.helpers import config, fixed_identity, memory_swarm, signed_record
+from tests.node.helpers import (
+    config,
+    fixed_identity,
+    memory_swarm,
+    metrics_client,
+    signed_record,
+    tls_metrics_node,
+)
 
 TIMEOUT_S = 60.0
 
@@ -109,22 +115,12 @@ async def test_metrics_bind_the_listen_host_or_loopback_unless_told(
 async def test_metrics_over_mutual_tls_serve_only_certificates_of_the_swarm(
     tmp_path: Path,
 ) -> None:
-    init_ca(tmp_path / "ca")
-    issue_node(tmp_path / "ca", tmp_path / "node", "node")
-    issue_node(tmp_path / "ca", tmp_path / "me", "me")
-    cfg = config(
-        tmp_path / "node", insecure=False, metrics_port=0, metrics_tls=True, wait_members=2
-    )
-    node = await Node.create(cfg)
-    await node.start()
+    node = await tls_metrics_node(tmp_path)
     assert node.metrics_server is not None
     url = f"https://127.0.0.1:{node.metrics_server.port}/metrics"
 
     def get(cert_dir: Path | None) -> str:
-        context = ssl.create_default_context(cafile=str(tmp_path / "ca" / CA_CERT_FILE))
-        context.check_hostname = False  # node certificates name the swarm, not an address
-        if cert_dir is not None:
-            context.load_cert_chain(cert_dir / CERT_FILE, cert_dir / KEY_FILE)
+        context = metrics_client(tmp_path, cert_dir)
         with urllib.request.urlopen(url, timeout=10, context=context) as response:
             return str(response.read().decode())
 

@@ -26,8 +26,8 @@ from gossip.swim_messages import Status
 from gossip.topology import exponential
 from node.node import Node
 from node.signing import record_signer
-from node.transport.memory import MemoryNetwork, MemoryTransport
-from tests.node.helpers import config, fixed_identity, poll, signed_record
+from node.transport.memory import MemoryNetwork
+from tests.node.helpers import fixed_identity, memory_swarm, poll, signed_record
 
 N = 5
 WAIT_MEMBERS = N + 2  # nobody trains: the start-up phase, held open
@@ -43,20 +43,7 @@ async def test_a_neighbour_that_forgot_our_copy_gets_it_again_before_anyone_trai
 ) -> None:
     cut: set[str] = set()
     network = MemoryNetwork(drop=lambda caller, callee, _: caller in cut or callee in cut)
-    nodes: list[Node] = []
-    try:
-        for i in range(N):
-            cfg = config(
-                tmp_path / f"node-{i}",
-                listen="mem:0",
-                shard_index=i,
-                shard_count=N,
-                wait_members=WAIT_MEMBERS,
-                join=(nodes[0].address,) if nodes else (),
-            )
-            node = await Node.create(cfg, transport=MemoryTransport(network))
-            nodes.append(node)
-            await node.start()
+    async with memory_swarm(tmp_path, N, {"wait_members": WAIT_MEMBERS}, network) as nodes:
 
         async def all_edges_up() -> bool:
             return all(edges_up(n) for n in nodes)
@@ -100,6 +87,3 @@ async def test_a_neighbour_that_forgot_our_copy_gets_it_again_before_anyone_trai
                 f"{[p[:8] for p in b.peers.neighbourhood.down(b.gossiper.replicated)]}"
             ) from None
         assert all(n.trainer.step == 0 for n in nodes)  # no round did it: nobody trains
-    finally:
-        for node in nodes:
-            await node.stop(grace_s=0)
