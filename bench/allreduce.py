@@ -153,10 +153,10 @@ def _worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from node.daemon.trainer import TrainerConfig
+    from node.daemon.trainer import batches as endless_batches
     from node.tasks import Shard, load_task
     from node.tasks.base import evaluate_task
-    from node.trainer import TrainerConfig
-    from node.trainer import batches as endless_batches
 
     torch.set_num_threads(1)
     pace = TrainerConfig(step_time=args.step_time, slowdown=args.slowdown)

@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 
 from gossip.robust import ATTACKS
+from node.cli.swarm import SwarmConfig, run_swarm
 from node.config import GossipConfig
-from node.swarm import SwarmConfig, run_swarm
 
 
 def run(

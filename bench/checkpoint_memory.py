@@ -1,4 +1,4 @@
-"""How much a checkpoint raises a node's peak memory: node/checkpoint.py's streamed writer
+"""How much a checkpoint raises a node's peak memory: node/daemon/checkpoint.py's streamed writer
 against safetensors' own ``save`` (what murmur used before), in the same run.
 
     python -m bench.checkpoint_memory [--params 25000000]
@@ -23,7 +23,7 @@ import copy, json, sys, tempfile
 from pathlib import Path
 import torch
 from safetensors.torch import save
-from node.checkpoint import Checkpoint, _checksum, _flatten_optimizer, atomic_write, \\
+from node.daemon.checkpoint import Checkpoint, _checksum, _flatten_optimizer, atomic_write, \\
     save_checkpoint
 
 def status(key):

@@ -73,7 +73,7 @@ def median_s(fn: Callable[[], object], device: torch.device, repeat: int = 5) ->
 
 
 def _model_vector(task_spec: str) -> torch.Tensor:
-    from node.flat import FlatParams
+    from node.daemon.flat import FlatParams
     from node.tasks import Shard, load_task
 
     torch.manual_seed(0)
@@ -111,8 +111,8 @@ async def swarm_check(
     codec: str, task: str, steps: int, gpu: torch.device, workdir: Path
 ) -> dict[str, Any]:
     from node.config import GossipConfig, NodeConfig
-    from node.node import Node
-    from node.trainer import TrainerConfig
+    from node.daemon.node import Node
+    from node.daemon.trainer import TrainerConfig
     from node.transport.memory import MemoryNetwork, MemoryTransport
 
     network = MemoryNetwork()

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 from node.config import GossipConfig, NodeConfig
-from node.node import Node
-from node.trainer import TrainerConfig
+from node.daemon.node import Node
+from node.daemon.trainer import TrainerConfig
 
 RUNS: dict[str, dict[str, object]] = {
     "fp32": {"codec": "fp32"},

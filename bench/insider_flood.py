@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from node.cli.swarm import NodeProcess, SwarmConfig, node_argv, provision
 from node.config import GossipConfig
-from node.pki import issue_node
-from node.status import NodeStatus
-from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
+from node.security.pki import issue_node
+from node.telemetry.status import NodeStatus
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from tests.e2e.insider import Insider
 from tests.node.helpers import poll

@@ -11,7 +11,7 @@ most every H steps, with DiLoCo's outer Nesterov step (Douillard et al. 2023; go
 on each round's change of the model. The simulator does not model the outer step, hence real
 processes. Every node evaluates ``--points`` times; the curve is the nodes' mean eval loss
 against their mean bytes sent. At the end the nodes' final checkpoints are averaged and that
-model evaluated (node/evaluation.py), as ``murmur swarm`` reports it.
+model evaluated (node/cli/evaluation.py), as ``murmur swarm`` reports it.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from bench.swarms import train_to_the_end
+from node.cli.evaluation import evaluate_run
+from node.cli.swarm import SwarmConfig
 from node.config import GossipConfig
-from node.evaluation import evaluate_run
-from node.node import METRICS_FILE
-from node.swarm import SwarmConfig
-from node.telemetry import read_metrics
+from node.daemon.node import METRICS_FILE
+from node.telemetry.events import read_metrics
 
 TASK = "text:size=1m,seq_len=64,batch_size=8,warmup=20"
 

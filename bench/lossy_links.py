@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from node.cli.swarm import SwarmConfig
 from node.config import GossipConfig
-from node.swarm import SwarmConfig
 from tests.e2e.netswarm import NetSwarm, Rates
 from tests.impair import Impairment
 from tests.netns import Testnet

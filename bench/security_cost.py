@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 
 from bench.swarms import train_to_the_end
+from node.cli.swarm import SwarmConfig
 from node.config import GossipConfig
-from node.swarm import SwarmConfig
 from node.tasks import Shard, load_task
 
 CONFIGS = {

@@ -36,10 +36,10 @@ import torch
 
 from bench.allreduce import AllReduceConfig, run_allreduce
 from bench.swarms import start_swarm
-from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from node.cli.evaluation import average_states
+from node.cli.swarm import NodeProcess, SwarmConfig
 from node.config import GossipConfig
-from node.evaluation import average_states
-from node.swarm import NodeProcess, SwarmConfig
+from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from node.tasks import Shard, load_task
 from node.tasks.base import evaluate
 

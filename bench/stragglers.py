@@ -23,9 +23,9 @@ from typing import Any
 
 from bench.allreduce import AllReduceConfig, run_allreduce
 from bench.swarms import train_to_the_end
+from node.cli.evaluation import evaluate_run
+from node.cli.swarm import SwarmConfig
 from node.config import GossipConfig
-from node.evaluation import evaluate_run
-from node.swarm import SwarmConfig
 
 
 async def murmur_run(cfg: SwarmConfig, workdir: Path) -> dict[str, Any]:

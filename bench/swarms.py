@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
+from node.cli.swarm import NodeProcess, SwarmConfig, node_argv, provision
 
 #: Rewrites node ``index``'s command line (to run it in a network namespace, say).
 ArgvHook = Callable[[int, list[str]], list[str]]

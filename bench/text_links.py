@@ -28,9 +28,9 @@ import torch
 from bench.allreduce import AllReduceConfig, run_allreduce
 from bench.slow_links import Testnet
 from bench.swarms import start_swarm
-from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from node.cli.swarm import NodeProcess, SwarmConfig
 from node.config import GossipConfig
-from node.swarm import NodeProcess, SwarmConfig
+from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from node.tasks import Shard, load_task
 from node.tasks.base import evaluate_task
 

@@ -28,15 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.swarms import start_swarm
+from node.cli.swarm import NodeProcess, SwarmConfig
 from node.config import GossipConfig
-from node.swarm import NodeProcess, SwarmConfig
 
 TASK = "text:size=25m,seq_len=64,batch_size=4,eval_windows=4"
 
 BASELINE = """
 import json, sys, torch
 torch.set_num_threads(1)
-import node.node  # what a node process imports
+import node.daemon.node  # what a node process imports
 from node.tasks import Shard, load_task
 torch.manual_seed(0)
 task = load_task(sys.argv[1])(Shard(0, int(sys.argv[2])))

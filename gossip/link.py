@@ -2,7 +2,7 @@
 
 A sans-I/O state machine in the style of h11 and swim-protocol's worker: it is told what happened
 (events, each with the time) and says what to do next (commands); it never waits, dials, sends
-or reads a clock. The daemon's link (node/links.py, over gRPC or the in-memory transport) and
+or reads a clock. The daemon's link (node/daemon/links.py, over gRPC or the in-memory transport) and
 the simulator's (node/sim/link.py, over a modelled network) are thin drivers of it, so both
 follow one protocol:
 
@@ -28,8 +28,8 @@ How what comes next fits on it, unchanged:
   neither dials nor knows who did: a command names an epoch, and the driver carries it on
   whatever session it holds to that neighbour (a stream it dialed, a session the neighbour
   dialed, a relayed one). The other direction of the same session is the neighbour's own link
-  machine, and its deltas land in this node's inbound path (node/inbound.py), whose answers go
-  back on the session. A session that breaks is :meth:`Link.failed` for the epoch it carried.
+  machine, and its deltas land in this node's inbound path (node/daemon/inbound.py), whose answers
+  go back on the session. A session that breaks is :meth:`Link.failed` for the epoch it carried.
 * **per-link pacing**: ``busy`` and ``poll`` are per link, and nothing here assumes that the
   delta offered to one link is the one offered to the others. A link that sends at its own
   pace is offered, when it is not busy, the change accumulated since its own last send (from a
@@ -63,7 +63,7 @@ class LinkConfig:
         (see gossip/outbox.py).
     overdue_min_s, overdue_factor: when an answer counts as overdue (see gossip/outbox.py).
     call_timeout_s: the deadline of a call a driver makes for the link (a snapshot's grows
-        with its bytes: node/links.py's ``transfer_timeout_s``).
+        with its bytes: node/daemon/links.py's ``transfer_timeout_s``).
     backoff_min_s, backoff_max_s: the back-off after a failure starts at the first and doubles
         up to the second; each wait is drawn uniformly from its upper half.
     not_neighbour_retry_s: the retry delay while the neighbour does not count us as one yet.

@@ -1,4 +1,5 @@
-"""The messages nodes exchange, as plain frozen dataclasses (node/wire.py maps them to protobuf)."""
+"""The messages nodes exchange, as frozen dataclasses (node/transport/wire.py maps them to
+protobuf)."""
 
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ The neighbour's replica of this node's public copy x̂ is a replicated log (goss
   more), and with only ``window`` of them allowed, every stall on any link stopped the node's
   rounds (at 10% loss and 40 ms each way, rounds fell to a fifth; bench/lossy_links.py).
 
-It is pure and synchronous; node/links.py drives it over a transport and the simulator over its
-modelled network, so both follow the same policy.
+It is pure and synchronous; node/daemon/links.py drives it over a transport and the simulator over
+its modelled network, so both follow the same policy.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ every part of the node that reacts to a refusal:
   node's log (``resync``: a gap or a stale message; a snapshot repairs it at once and it is no
   failure), how soon to try again (``retry``), and whether it is ``expected`` in a healthy swarm
   (churn, a node starting or stopping), so not worth a warning;
-* the receiver: whether it ``counts`` against the sender (node/penalties.py bans a sender whose
-  messages keep being bad in themselves; what honest peers meet during churn never counts);
+* the receiver: whether it ``counts`` against the sender (node/security/penalties.py bans a sender
+  whose messages keep being bad in themselves; what honest peers meet during churn never counts);
 * a joiner: whether a refused hello is worth repeating (``retryable``: the member is starting
   or stopping) or ends the join ``for_good`` (another task, protocol or an address nobody dials);
 * the transport: whether the message is wrong in itself (``invalid_argument``, gRPC's

@@ -20,7 +20,7 @@ __all__ = ["SwimSimulation", "fake_signer", "fake_verify"]
 
 
 def fake_signer(node_id: str) -> Callable[[bytes], bytes]:
-    """Stands in for a member's key (the node uses ECDSA: node/signing.py): only the member
+    """Stands in for a member's key (the node uses ECDSA: node/security/signing.py): only the member
     with this id makes this signature, and anyone can check it."""
     return lambda data: hashlib.sha256(node_id.encode() + data).digest()
 

@@ -13,10 +13,10 @@ from gossip.codecs import CODECS, DEFAULT_FRACTION
 from gossip.robust import ATTACKS  # test-only attacks (GossipConfig.attack)
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
-from node.mqtt_messages import MqttConfig
+from node.daemon.trainer import TrainerConfig
 from node.settings import FLAG_KEYS, RunSettings
 from node.settings_sources import load_settings
-from node.trainer import TrainerConfig
+from node.telemetry.mqtt_messages import MqttConfig
 
 __all__ = [
     "ATTACKS",
@@ -154,7 +154,7 @@ class NodeConfig:
             when that is a wildcard (the metrics name the node and its address).
         metrics_tls: serve the metrics over HTTPS and only to clients with a certificate from
             the swarm's CA (the node's own TLS files).
-        mqtt: an MQTT broker URL to publish status to (``node/mqtt.py``); None for none.
+        mqtt: an MQTT broker URL to publish status to (``node/telemetry/mqtt.py``); None for none.
         mqtt_discovery: also announce this node's address there and join the members announced.
         mqtt_prefix, swarm: the topics are ``{mqtt_prefix}/{swarm}/{node_id}/...``.
         mqtt_interval_s: seconds between two status messages.

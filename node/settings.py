@@ -91,7 +91,7 @@ class _Schema(BaseModel):
 
 
 class TrainerSettings(_Schema):
-    """``[trainer]``: :class:`node.trainer.TrainerConfig` (its ``seed`` is the node's)."""
+    """``[trainer]``: :class:`node.daemon.trainer.TrainerConfig` (its ``seed`` is the node's)."""
 
     steps: AtLeastOne | None = Field(None, description="local step budget")  # none: until stopped
     eval_every: AtLeastOne = Field(100, description="evaluate every this many steps")  # ~1 s

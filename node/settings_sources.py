@@ -344,7 +344,7 @@ def _check_together(s: RunSettings, origins: Mapping[str, Origin]) -> None:
             f"MQTT discovery{said('mqtt_discovery')} needs a broker: give --mqtt URL"
         )
     if s.mqtt is not None:
-        from node.mqtt_messages import MqttConfig
+        from node.telemetry.mqtt_messages import MqttConfig
 
         try:
             MqttConfig(url=s.mqtt, swarm=s.swarm, prefix=s.mqtt_prefix)

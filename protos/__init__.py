@@ -1,1 +1,1 @@
-"""murmur's wire schema and the code protoc generates from it (imported only by node/wire.py)."""
+"""The wire schema and the code protoc makes from it (imported only by node/transport/wire.py)."""

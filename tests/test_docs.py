@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from node.cli import HELP_EXAMPLES
+from node.cli.main import HELP_EXAMPLES
 from node.settings_sources import load_settings
 from tests.e2e.test_builtin_tasks import readme_commands
 

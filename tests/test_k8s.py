@@ -16,9 +16,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from node.cli import build_node_config, make_parser
+from node.cli.main import build_node_config, make_parser
 from node.config import NodeConfig
-from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE
+from node.security.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"

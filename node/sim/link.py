@@ -1,10 +1,10 @@
 """A simulated outbound link: the daemon's link machine (gossip/link.py) over the modelled network.
 
-The counterpart of node/links.py's ``PeerLink``: both are drivers of one :class:`Link` machine,
-which decides what to send when (snapshot, deltas, resync, back-off), so only the carrying
+The counterpart of node/daemon/links.py's ``PeerLink``: both are drivers of one :class:`Link`
+machine, which decides what to send when (snapshot, deltas, resync, back-off), so only the carrying
 differs. A snapshot goes by a call whose answer lets the epoch's stream carry deltas; each delta
-is acknowledged once the receiver applied it through its inbound path (node/inbound.py), as the
-daemon's service does.
+is acknowledged once the receiver applied it through its inbound path (node/daemon/inbound.py), as
+the daemon's service does.
 
 Modelling choices: a lost delta is a broken stream, which the sender notices a round trip
 later and the receiver as a gap in what still arrives on it; the machine then resyncs by
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from gossip.link import Link, LinkConfig, LinkStats, SendDelta
 from gossip.messages import Member, SnapshotHeader
 from gossip.outbox import Outbox
-from node.links import transfer_timeout_s
+from node.daemon.links import transfer_timeout_s
 from node.transport.base import Rejected
 
 if TYPE_CHECKING:

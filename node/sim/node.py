@@ -28,16 +28,16 @@ from gossip.outer import OuterNesterov
 from gossip.refusals import Reason
 from gossip.replicas import GossipState, UpdateGuard
 from gossip.swim import Outgoing, Swim, SwimMessage
-from node import wire
-from node.flat import FlatParams
-from node.inbound import Inbound
-from node.neighbourhood import Neighbourhood
-from node.peers import LEAVE_FANOUT
+from node.daemon.flat import FlatParams
+from node.daemon.inbound import Inbound
+from node.daemon.neighbourhood import Neighbourhood
+from node.daemon.peers import LEAVE_FANOUT
+from node.daemon.steps import run_here
+from node.daemon.trainer import batches, train_step
 from node.sim.link import SimLink
-from node.steps import run_here
 from node.tasks.base import Task
-from node.telemetry import Counters
-from node.trainer import batches, train_step
+from node.telemetry.events import Counters
+from node.transport import wire
 from node.transport.base import Rejected
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ class SimNode:
         finally:
             self.pacer.end()
 
-    # -- inbound: the daemon's path (node/inbound.py) -----------------------------------------
+    # -- inbound: the daemon's path (node/daemon/inbound.py) ---------------------------------
 
     def rpc_push_delta(self, delta: Delta, stream: tuple[str, int], nbytes: int) -> int:
         """Raises Rejected as the daemon's service does; a stream that was refused once is

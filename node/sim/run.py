@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO
 
-from node.plots import Panel, plot_panels
+from node.cli.plots import Panel, plot_panels
 from node.sim.config import SimConfig
 from node.sim.swarm import Sample, Simulation, Summary
 

@@ -29,13 +29,13 @@ from gossip.codecs import get_codec
 from gossip.events import EventQueue, LinkLatency, Network
 from gossip.simulate import consensus_distance
 from gossip.swim import SwimMessage
-from node import wire
-from node.flat import FlatParams
+from node.daemon.flat import FlatParams
 from node.sim.config import SimConfig
 from node.sim.decodes import sharing_decodes
 from node.sim.link import REPLY_BYTES
 from node.sim.node import CPU, SimNode
 from node.tasks.base import Shard, Task, evaluate_task, load_task
+from node.transport import wire
 
 __all__ = ["Sample", "Simulation", "Summary"]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.refusals import REFUSALS, Reason
 from gossip.swim import SwimMessage
-from node.status import NodeStatus
+from node.telemetry.status import NodeStatus
 
 if TYPE_CHECKING:  # torch only where tensors are chunked: `murmur status` does without it
     import torch

@@ -22,11 +22,11 @@ import grpc.aio
 from gossip.clock import Clock
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import SwimMessage
-from node import wire
-from node.penalties import Penalties, PenaltyConfig, SystemClock
-from node.pki import TLS_NAME, TlsFiles
-from node.signing import RecordScreen
-from node.status import NodeStatus
+from node.security.penalties import Penalties, PenaltyConfig, SystemClock
+from node.security.pki import TLS_NAME, TlsFiles
+from node.security.signing import RecordScreen
+from node.telemetry.status import NodeStatus
+from node.transport import wire
 from node.transport.base import (
     Handler,
     HandshakeFailed,
@@ -234,7 +234,7 @@ class GrpcTransport:
         #: Closes of channels replaced or let go (held so that they run to the end).
         self._closing: set[asyncio.Future[None]] = set()
         #: Checks member records before the handler sees them (set by the node; see
-        #: :class:`node.signing.RecordScreen`); None hands them on as they came.
+        #: :class:`node.security.signing.RecordScreen`); None hands them on as they came.
         self.screen: RecordScreen | None = None
 
     @property

@@ -7,7 +7,7 @@ CA, issued by the CA itself), and a caller that is revoked, banned, or holds mor
 ``calls_per_peer`` calls open is refused at once (so the server takes every method as a stream
 of requests, however the client sends it). A caller whose messages do not decode, speak for
 another node, or carry member records no honest member sends is banned by that id. Member records
-are checked (:class:`node.signing.RecordScreen`) before the node sees them.
+are checked (:class:`node.security.signing.RecordScreen`) before the node sees them.
 """
 
 from __future__ import annotations
@@ -25,10 +25,17 @@ import grpc.aio
 from google.protobuf.message import DecodeError
 
 from gossip.swim import MemberRecord
-from node import wire
-from node.penalties import LogLimiter, Penalties, RateConfig, RateLimiter, SystemClock, held_back
-from node.pki import CertificateRefused, NodeCertificates
-from node.signing import RecordScreen
+from node.security.penalties import (
+    LogLimiter,
+    Penalties,
+    RateConfig,
+    RateLimiter,
+    SystemClock,
+    held_back,
+)
+from node.security.pki import CertificateRefused, NodeCertificates
+from node.security.signing import RecordScreen
+from node.transport import wire
 from node.transport.base import (
     INVALID_ARGUMENT_REASONS,
     Handler,

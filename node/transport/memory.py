@@ -16,7 +16,7 @@ import torch
 
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import SwimMessage
-from node.status import NodeStatus
+from node.telemetry.status import NodeStatus
 from node.transport.base import Handler, Rejected, SnapshotChunk, Unreachable, iter_chunks
 
 __all__ = ["MemoryNetwork", "MemoryTransport"]

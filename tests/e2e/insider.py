@@ -47,7 +47,7 @@ PROTOCOL_VERSION = 2
 TLS_NAME = "murmur"
 CHUNK_VALUES = 1 << 18
 POISON = 1e38
-#: Records per membership message: the most a node takes in one (node/wire.py).
+#: Records per membership message: the most a node takes in one (node/transport/wire.py).
 PER_MESSAGE = 32
 _ECDSA = ec.ECDSA(hashes.SHA256())
 Context = grpc.aio.ServicerContext[Any, Any]

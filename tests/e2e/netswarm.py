@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gossip.swim import Status
-from node.pki import load_tls
-from node.status import NodeStatus
-from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
+from node.cli.swarm import NodeProcess, SwarmConfig, node_argv, provision
+from node.security.pki import load_tls
+from node.telemetry.status import NodeStatus
 from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from tests.netns import Testnet

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from node.cli.swarm import SwarmConfig, run_swarm
 from node.config import GossipConfig
-from node.swarm import SwarmConfig, run_swarm
 
 pytestmark = pytest.mark.e2e
 

@@ -18,10 +18,10 @@ import torch
 
 from gossip.simulate import consensus_distance
 from gossip.swim import Status
+from node.cli.evaluation import evaluate_run
+from node.cli.swarm import NodeProcess, SwarmConfig, node_argv, provision
 from node.config import GossipConfig
-from node.evaluation import evaluate_run
-from node.status import NodeStatus
-from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
+from node.telemetry.status import NodeStatus
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from tests.e2e.watch import pull_models, wait_for
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from node.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, load_checkpoint
+from node.daemon.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, load_checkpoint
 from tests.e2e.processes import Processes, murmur, processes
 from tests.node.damage import DAMAGES
 from tests.node.test_damaged_files import train_alone

@@ -28,12 +28,12 @@ from typing import Any
 import pytest
 
 from gossip.swim import Status
+from node.cli.swarm import NodeProcess, SwarmConfig, node_argv, provision
 from node.config import GossipConfig
-from node.node import METRICS_FILE
-from node.pki import issue_node, load_tls
-from node.revocation import REVOKED_FILE
-from node.status import NodeStatus
-from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
+from node.daemon.node import METRICS_FILE
+from node.security.pki import issue_node, load_tls
+from node.security.revocation import REVOKED_FILE
+from node.telemetry.status import NodeStatus
 from node.transport.base import Reason, Rejected
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from tests.node.helpers import poll

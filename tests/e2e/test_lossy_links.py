@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from node.cli.swarm import SwarmConfig
 from node.config import GossipConfig
-from node.status import NodeStatus
-from node.swarm import SwarmConfig
+from node.telemetry.status import NodeStatus
 from tests.e2e.netswarm import NetSwarm, Rates
 from tests.impair import Impairment
 from tests.netns import Testnet

@@ -21,11 +21,11 @@ import torch
 
 from gossip.simulate import consensus_distance
 from gossip.swim import Status
+from node.cli.swarm import NodeProcess, SwarmConfig, node_argv, provision
 from node.config import GossipConfig
-from node.status import NodeStatus
-from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
 from node.tasks import Shard, load_task
 from node.tasks.base import evaluate
+from node.telemetry.status import NodeStatus
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from tests.e2e.watch import pull_models, wait_for
 from tests.netns import Testnet

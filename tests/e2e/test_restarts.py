@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from tests.e2e.processes import Processes, murmur, processes
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from node.cli import main
+from node.cli.main import main
 from node.sim.run import JSONL_FILE
 
 pytestmark = pytest.mark.e2e

@@ -45,13 +45,13 @@ import torch
 from gossip.messages import Delta, SnapshotHeader
 from gossip.simulate import consensus_distance
 from gossip.swim import SwimMessage
-from node import wire
 from node.config import GossipConfig
-from node.node import Node
+from node.daemon.node import Node
 from node.sim import NetConfig, SimConfig, Simulation
 from node.sim.node import SimNode
 from node.tasks.base import Shard, evaluate
 from node.tasks.logistic import make_task
+from node.transport import wire
 from node.transport.base import Transport
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import config, replica_matches_sender

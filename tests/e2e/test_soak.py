@@ -32,12 +32,12 @@ import aiomqtt
 import pytest
 
 from gossip.swim import Status
-from node.checkpoint import CHECKPOINT_FILE
+from node.cli.swarm import NodeProcess, SwarmConfig, node_argv, provision
 from node.config import GossipConfig
-from node.mqtt_messages import MqttConfig, parse_status
-from node.node import METRICS_FILE
-from node.status import NodeStatus
-from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
+from node.daemon.checkpoint import CHECKPOINT_FILE
+from node.daemon.node import METRICS_FILE
+from node.telemetry.mqtt_messages import MqttConfig, parse_status
+from node.telemetry.status import NodeStatus
 from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from tests.impair import Impairment
@@ -316,7 +316,7 @@ async def retained_statuses(url: str) -> dict[str, dict[str, object]]:
 
 
 def stray_files(state_dir: Path) -> list[Path]:
-    """Temporary files (node/checkpoint.py's ``.<name>.*.tmp``, node/identity.py's
+    """Temporary files (node/daemon/checkpoint.py's ``.<name>.*.tmp``, node/security/identity.py's
     ``<name>.tmp``) and checkpoints moved aside as damaged (``*.corrupt-<time>``)."""
     return [p for p in state_dir.rglob("*") if p.name.endswith(".tmp") or ".corrupt-" in p.name]
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from node.cli.swarm import SwarmConfig
 from node.config import GossipConfig
-from node.swarm import SwarmConfig
 from tests.e2e.netswarm import NetSwarm
 from tests.netns import Testnet
 from tests.node.helpers import poll

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from node.cli.evaluation import evaluate_run
+from node.cli.swarm import NodeProcess, SwarmConfig, node_argv, provision
 from node.config import GossipConfig
-from node.evaluation import evaluate_run
-from node.status import NodeStatus
-from node.swarm import NodeProcess, SwarmConfig, node_argv, provision
+from node.telemetry.status import NodeStatus
 from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 

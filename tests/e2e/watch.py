@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import torch
 
-from node.status import NodeStatus
-from node.swarm import NodeProcess
+from node.cli.swarm import NodeProcess
+from node.telemetry.status import NodeStatus
 from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport
 from tests.node.helpers import poll

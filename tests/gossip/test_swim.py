@@ -210,7 +210,7 @@ def test_a_refutation_does_not_take_a_place_among_the_updates_for_good() -> None
 
 
 def fake_signer(node_id: str) -> Callable[[bytes], bytes]:
-    """Stands in for a node's key in pure tests (the node uses ECDSA: node/signing.py)."""
+    """Stands in for a node's key in pure tests (the node uses ECDSA: node/security/signing.py)."""
     return lambda data: hashlib.sha256(node_id.encode() + data).digest()
 
 

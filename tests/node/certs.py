@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from node.identity import load_key
-from node.pki import CA_CERT_FILE, CA_KEY_FILE, TLS_NAME, TlsFiles
+from node.security.identity import load_key
+from node.security.pki import CA_CERT_FILE, CA_KEY_FILE, TLS_NAME, TlsFiles
 
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 

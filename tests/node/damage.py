@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from node.checkpoint import load_checkpoint, save_checkpoint
+from node.daemon.checkpoint import load_checkpoint, save_checkpoint
 
 CHECKSUM_KEY = "murmur.sha256"
 

@@ -16,12 +16,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import MemberRecord, Outgoing, Swim, SwimConfig, SwimMessage
 from node.config import GossipConfig, NodeConfig
-from node.identity import Identity
-from node.node import MonotonicClock, Node
-from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, init_ca, issue_node
-from node.signing import public_key_der, record_signer
-from node.status import NodeStatus
-from node.trainer import TrainerConfig
+from node.daemon.node import MonotonicClock, Node
+from node.daemon.trainer import TrainerConfig
+from node.security.identity import Identity
+from node.security.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, init_ca, issue_node
+from node.security.signing import public_key_der, record_signer
+from node.telemetry.status import NodeStatus
 from node.transport.base import Reason, Rejected, SnapshotChunk, Transport, Unreachable
 from node.transport.grpc import GrpcTransport
 from node.transport.memory import MemoryNetwork, MemoryTransport

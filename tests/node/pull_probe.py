@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from node.transfer import receive_model
+from node.daemon.transfer import receive_model
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
 

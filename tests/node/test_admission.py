@@ -17,10 +17,10 @@ import pytest
 
 from gossip.clock import ManualClock
 from gossip.swim import Kind, MemberRecord, SwimMessage
-from node.identity import Identity, load_or_create_identity
-from node.node import Node
-from node.pki import CERT_FILE, TlsFiles, init_ca, issue_node, load_tls
-from node.signing import MemberVerifier, RecordScreen, certificate_der
+from node.daemon.node import Node
+from node.security.identity import Identity, load_or_create_identity
+from node.security.pki import CERT_FILE, TlsFiles, init_ca, issue_node, load_tls
+from node.security.signing import MemberVerifier, RecordScreen, certificate_der
 from node.transport.base import Reason, Rejected, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from tests.node.certs import build_cert, cert_pem, odd_tls, swarm_ca

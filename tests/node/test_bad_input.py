@@ -18,9 +18,9 @@ from gossip.clock import ManualClock
 from gossip.codecs import get_codec, tensor_to_bytes
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
-from node import wire
-from node.node import Node
-from node.penalties import RateConfig, RateLimiter
+from node.daemon.node import Node
+from node.security.penalties import RateConfig, RateLimiter
+from node.transport import wire
 from protos import murmur_pb2 as pb
 from protos import murmur_pb2_grpc as pb_grpc
 from tests.node.helpers import SwimResponder, config, fixed_identity, signed_record

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from node.pki import ISSUED_FILE, init_ca, resolve_node_id
-from node.revocation import REVOKED_FILE
+from node.security.pki import ISSUED_FILE, init_ca, resolve_node_id
+from node.security.revocation import REVOKED_FILE
 
 
 def murmur(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
-from node.checkpoint import (
+from node.daemon.checkpoint import (
     CHECKPOINT_FILE,
     PREVIOUS_FILE,
     Checkpoint,

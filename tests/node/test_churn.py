@@ -10,8 +10,8 @@ import torch
 
 from gossip.swim import Status, SwimConfig
 from gossip.topology import build
-from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from node.node import Node
+from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from node.daemon.node import Node
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import config, memory_swarm
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from node.node import SUMMARY_FILE
-from node.pki import init_ca, issue_node
+from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from node.daemon.node import SUMMARY_FILE
+from node.security.pki import init_ca, issue_node
 
 TIMEOUT_S = 120.0
 

@@ -17,7 +17,7 @@ import pytest
 #: Runs ``murmur ARGV`` in a fresh interpreter, then prints the heavy modules it imported.
 PROBE = """
 import json, sys
-from node.cli import main
+from node.cli.main import main
 try:
     code = main(sys.argv[1:])
 except SystemExit as exit:
@@ -95,7 +95,7 @@ def test_version_and_log_options_anywhere_on_the_line() -> None:
 WITHOUT = """
 import sys
 sys.modules[sys.argv[1]] = None  # an import of it fails, as when it is not installed
-from node.cli import main
+from node.cli.main import main
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -146,7 +146,7 @@ def _parsers(
 
 
 def test_every_flag_has_help_with_its_default_and_a_clean_metavar() -> None:
-    from node.cli import make_parser
+    from node.cli.main import make_parser
 
     seen = 0
     for name, parser in _parsers(make_parser()):

@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 
-from node.console import with_countdown
-from node.monitor import DEPARTED_AFTER_S, MONITOR_COLUMNS, SwarmBoard
-from node.mqtt_messages import MqttConfig, parse_status, status_payload
-from node.progress import (
+from node.cli.monitor import DEPARTED_AFTER_S, MONITOR_COLUMNS, SwarmBoard
+from node.cli.swarm import SwarmConfig
+from node.cli.swarm_view import SWARM_COLUMNS, progress_view
+from node.cli.tables import Column, fit_columns, render_text
+from node.telemetry.console import with_countdown
+from node.telemetry.mqtt_messages import MqttConfig, parse_status, status_payload
+from node.telemetry.progress import (
     WAIT_TICKS,
     Ticker,
     TickerConfig,
@@ -21,10 +24,7 @@ from node.progress import (
     fmt_duration,
     fmt_size,
 )
-from node.status import NeighbourStatus, NodeStatus, format_status, format_summary
-from node.swarm import SwarmConfig
-from node.swarm_view import SWARM_COLUMNS, progress_view
-from node.tables import Column, fit_columns, render_text
+from node.telemetry.status import NeighbourStatus, NodeStatus, format_status, format_summary
 
 WIDTHS = (40, 80, 200)
 
@@ -303,7 +303,7 @@ async def test_a_countdown_speaks_while_the_wait_lasts_and_stops_with_it(
         return "quick"
 
     ticks = TickerConfig(first_s=0.0, every_s=3600.0)
-    with caplog.at_level(logging.INFO, logger="node.console"):
+    with caplog.at_level(logging.INFO, logger="node.telemetry.console"):
         work = asyncio.create_task(with_countdown(wait(), describe, ticks))
         await asyncio.wait_for(asked.wait(), 10)
         release.set()

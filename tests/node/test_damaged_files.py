@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, load_checkpoint
-from node.node import Node
+from node.daemon.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, load_checkpoint
+from node.daemon.node import Node
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.damage import DAMAGES
 from tests.node.helpers import config

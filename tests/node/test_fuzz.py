@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 from gossip.clock import ManualClock
 from gossip.codecs import get_codec, tensor_to_bytes
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello
-from node import wire
-from node.node import Node
-from node.penalties import Penalties, PenaltyConfig
+from node.daemon.node import Node
+from node.security.penalties import Penalties, PenaltyConfig
+from node.transport import wire
 from node.transport.base import Reason
 from protos import murmur_pb2 as pb
 from tests.node.helpers import SwimResponder, config, fixed_identity

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from node.metrics import HEALTH_TIMEOUT_S
-from node.node import Node
+from node.daemon.node import Node
+from node.telemetry.metrics import HEALTH_TIMEOUT_S
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import config, metrics_client, poll, tls_metrics_node
 

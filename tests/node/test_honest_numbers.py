@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from node.mqtt_messages import parse_status, status_payload
-from node.node import JoinError, Node
-from node.report import write_report
-from node.status import status_to_json
+from node.cli.report import write_report
+from node.daemon.node import JoinError, Node
+from node.telemetry.mqtt_messages import parse_status, status_payload
+from node.telemetry.status import status_to_json
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import config, memory_swarm
 from tests.node.test_metrics import scrape, value

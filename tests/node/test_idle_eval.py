@@ -14,10 +14,10 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from node.console import CheckpointProgress
-from node.progress import TickerConfig
+from node.daemon.trainer import EvalResult, Trainer, TrainerConfig
 from node.tasks.base import Task
-from node.trainer import EvalResult, Trainer, TrainerConfig
+from node.telemetry.console import CheckpointProgress
+from node.telemetry.progress import TickerConfig
 
 TIMEOUT_S = 30.0
 INTERVAL_S = 0.05
@@ -142,14 +142,14 @@ async def test_a_long_checkpoint_write_says_how_long_it_runs(
     fast = TickerConfig(first_s=0.0, every_s=3600.0, growth=1.0, max_s=3600.0)
     progress = CheckpointProgress(tmp_path / "checkpoint.safetensors", poll_s=0.01, ticks=fast)
     handler = Spoke()
-    logging.getLogger("node.console").addHandler(handler)
+    logging.getLogger("node.telemetry.console").addHandler(handler)
     try:
-        with caplog.at_level(logging.INFO, logger="node.console"):
+        with caplog.at_level(logging.INFO, logger="node.telemetry.console"):
             got = await progress.run("writing the final checkpoint", 3 * 2**30, slow_write, True)
             # A quick periodic write says nothing.
             await progress.run("writing a checkpoint", 10, lambda: "ok", False)
     finally:
-        logging.getLogger("node.console").removeHandler(handler)
+        logging.getLogger("node.telemetry.console").removeHandler(handler)
     assert got == "written"
     messages = [r.getMessage() for r in caplog.records]
     assert messages[0].startswith("writing the final checkpoint (3.00 GiB): ")

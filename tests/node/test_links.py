@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from node.links import MIN_LINK_BYTES_PER_S, transfer_timeout_s
+from node.daemon.links import MIN_LINK_BYTES_PER_S, transfer_timeout_s
 
 
 def test_a_model_transfer_is_given_time_for_the_slowest_link() -> None:

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.checkpoint import (
+from node.cli.evaluation import evaluate_run
+from node.cli.report import PLOTS_DIR, REPORT_FILE, write_report
+from node.cli.swarm import SwarmConfig
+from node.cli.swarm_view import progress_view
+from node.cli.tables import render_text
+from node.daemon.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
     CheckpointError,
@@ -18,14 +23,9 @@ from node.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from node.evaluation import evaluate_run
-from node.node import METRICS_FILE, Node
-from node.report import PLOTS_DIR, REPORT_FILE, write_report
+from node.daemon.node import METRICS_FILE, Node
 from node.sim import SimConfig, Simulation
 from node.sim.config import NetConfig
-from node.swarm import SwarmConfig
-from node.swarm_view import progress_view
-from node.tables import render_text
 from node.tasks import Shard, load_task
 from node.tasks.schedules import warmup_cosine_factor
 from node.transport.memory import MemoryNetwork, MemoryTransport

@@ -13,10 +13,10 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from node import wire
-from node.metrics import metrics_host
-from node.node import Node
-from node.status import MAX_STATUS_MEMBERS, format_status
+from node.daemon.node import Node
+from node.telemetry.metrics import metrics_host
+from node.telemetry.status import MAX_STATUS_MEMBERS, format_status
+from node.transport import wire
 from tests.node.helpers import (
     config,
     fixed_identity,

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from node.node import METRICS_FILE
-from node.report import write_report
-from node.telemetry import MetricsLog, read_metrics
+from node.cli.report import write_report
+from node.daemon.node import METRICS_FILE
+from node.telemetry.events import MetricsLog, read_metrics
 from tests.node.test_report import A, B, ev, start, stop, table, write_log
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from node.node import Node
+from node.daemon.node import Node
 from tests.node.helpers import config
 
 

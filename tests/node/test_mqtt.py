@@ -18,18 +18,18 @@ from typing import Any, Protocol
 import aiomqtt
 import pytest
 
+from node.cli.monitor import MonitorConfig, SwarmBoard, run_monitor
 from node.config import NodeConfig
-from node.monitor import MonitorConfig, SwarmBoard, run_monitor
-from node.mqtt import Backoff, MqttBridge
-from node.mqtt_messages import (
+from node.daemon.node import Node
+from node.telemetry.mqtt import Backoff, MqttBridge
+from node.telemetry.mqtt_messages import (
     MqttConfig,
     parse_address,
     parse_broker_url,
     parse_status,
     status_payload,
 )
-from node.node import Node
-from node.status import NodeStatus
+from node.telemetry.status import NodeStatus
 from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport
 from tests.mqtt_broker import MosquittoBroker, free_port
@@ -37,7 +37,7 @@ from tests.node.helpers import config, poll
 
 TIMEOUT_S = 30.0
 
-#: The status payload's documented keys (README, node/mqtt.py) and their JSON types.
+#: The status payload's documented keys (README, node/telemetry/mqtt.py) and their JSON types.
 SCHEMA: dict[str, tuple[type, ...]] = {
     "node_id": (str,),
     "address": (str,),
@@ -434,7 +434,7 @@ async def node_status(address: str) -> NodeStatus | None:
 
 
 def mqtt_warnings(log: Path) -> list[str]:
-    return [ln for ln in log.read_text().splitlines() if "WARNING node.mqtt" in ln]
+    return [ln for ln in log.read_text().splitlines() if "WARNING node.telemetry.mqtt" in ln]
 
 
 @pytest.mark.timeout(120)

@@ -13,8 +13,8 @@ from gossip.messages import Delta, SnapshotHeader
 from gossip.simulate import consensus_distance
 from gossip.swim import SwimConfig
 from gossip.topology import build
-from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from node.node import SUMMARY_FILE, JoinError, Node
+from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from node.daemon.node import SUMMARY_FILE, JoinError, Node
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import config, memory_swarm, replica_matches_sender
 
@@ -98,7 +98,7 @@ async def test_lost_deltas_are_repaired_by_snapshots(tmp_path: Path) -> None:
 async def test_a_silent_neighbour_leaves_the_mix_and_training_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="node.gossiper")
+    caplog.set_level(logging.INFO, logger="node.daemon.gossiper")
     silent: set[str] = set()
     network = MemoryNetwork(drop=lambda caller, callee, _: caller in silent)
     # Never declared dead (no suspicion timeout), so only its silence takes it out of the mix.
@@ -137,7 +137,7 @@ async def test_a_member_that_never_sends_its_copy_holds_the_start_only_for_the_g
     """The third node takes its neighbours' copies but every copy of its own is lost, so their
     edges to it never come up both ways. They start after the grace (0.5 s), not the wait
     timeout (an hour), and name it; it keeps waiting, since its own edges never come up."""
-    caplog.set_level(logging.WARNING, logger="node.node")
+    caplog.set_level(logging.WARNING, logger="node.daemon.node")
     silent_address = "mem:2"  # the in-memory network numbers its nodes in order
     network = MemoryNetwork(
         drop=lambda caller, _, msg: caller == silent_address and isinstance(msg, SnapshotHeader)

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gossip.swim import MemberRecord, Status
-from node import wire
-from node.pki import CertificateRefused, NodeCertificates, init_ca
-from node.revocation import MAX_BLOB_BYTES, MAX_REVOKED, parse_revocations, revoke
-from node.signing import MemberVerifier
+from node.security.pki import CertificateRefused, NodeCertificates, init_ca
+from node.security.revocation import MAX_BLOB_BYTES, MAX_REVOKED, parse_revocations, revoke
+from node.security.signing import MemberVerifier
+from node.transport import wire
 from node.transport.base import Reason, Rejected
 from protos import murmur_pb2 as pb
 

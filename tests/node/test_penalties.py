@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gossip.clock import ManualClock
-from node.penalties import (
+from node.security.penalties import (
     COUNTED_REASONS,
     LogLimiter,
     Penalties,

@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from node.identity import load_key, load_or_create_identity, node_id_of
-from node.pki import (
+from node.security.identity import load_key, load_or_create_identity, node_id_of
+from node.security.pki import (
     CA_CERT_FILE,
     CA_KEY_FILE,
     CERT_FILE,

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from gossip.messages import ModelChunk
-from node.node import METRICS_FILE, Node
-from node.service import NodeService
+from node.daemon.node import METRICS_FILE, Node
+from node.daemon.service import NodeService
 from node.transport.base import iter_chunks
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import config, memory_swarm

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from node.checkpoint import CHECKPOINT_FILE, Checkpoint, save_checkpoint
-from node.cli import main
-from node.evaluation import parameter_names
-from node.node import METRICS_FILE
-from node.report import PLOTS_DIR, REPORT_FILE, write_report
+from node.cli.evaluation import parameter_names
+from node.cli.main import main
+from node.cli.report import PLOTS_DIR, REPORT_FILE, write_report
+from node.daemon.checkpoint import CHECKPOINT_FILE, Checkpoint, save_checkpoint
+from node.daemon.node import METRICS_FILE
 from tests.node.helpers import memory_swarm
 
 T0 = 1_700_000_000.0

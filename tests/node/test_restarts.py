@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from gossip.swim import SwimConfig
-from node.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, load_checkpoint
-from node.node import SUMMARY_FILE, JoinError, Node
-from node.trainer import Diverged
+from node.daemon.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE, load_checkpoint
+from node.daemon.node import SUMMARY_FILE, JoinError, Node
+from node.daemon.trainer import Diverged
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import config, memory_swarm
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from gossip.swim import SwimConfig
-from node.node import Node
-from node.pki import init_ca, issue_node, load_tls
-from node.revocation import REVOKED_FILE, parse_revocations, revoke
+from node.daemon.node import Node
+from node.security.pki import init_ca, issue_node, load_tls
+from node.security.revocation import REVOKED_FILE, parse_revocations, revoke
 from node.transport.base import Reason, Rejected
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from tests.node.helpers import config, poll

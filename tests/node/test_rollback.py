@@ -9,9 +9,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from node.daemon.trainer import Diverged, Rollback, Trainer, TrainerConfig
 from node.tasks import Shard
 from node.tasks.digits import make_task
-from node.trainer import Diverged, Rollback, Trainer, TrainerConfig
 from tests.node.diverging_task import poisoned
 
 TIMEOUT_S = 60.0

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from node.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
+from node.daemon.checkpoint import CHECKPOINT_FILE, PREVIOUS_FILE
 from tests.node.test_damaged_files import train_alone
 
 TIMEOUT_S = 120.0

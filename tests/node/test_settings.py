@@ -13,12 +13,12 @@ from gossip.codecs import CODECS
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
 from node.config import ATTACKS, GossipConfig, NodeConfig, node_config
+from node.daemon.trainer import TrainerConfig
 from node.settings import (
     ATTACKS as SETTINGS_ATTACKS,
 )
 from node.settings import CODEC_NAMES, ENV_PREFIX, TOPOLOGY_NAMES, RunSettings, default_of, keys
 from node.settings_sources import SettingsError, load_settings
-from node.trainer import TrainerConfig
 
 # (what the file says, what the message must say). Each is a TOML file on its own.
 BAD_FILES = [

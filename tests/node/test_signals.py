@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from node.identity import KEY_FILE
-from node.node import SUMMARY_FILE
+from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from node.daemon.node import SUMMARY_FILE
+from node.security.identity import KEY_FILE
 
 #: How long a stop may take at most before the test calls it a hang. Before the fix a node
 #: that was joining a dead address left after 64 s, and ignored SIGTERM for minutes.

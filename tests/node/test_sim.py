@@ -13,7 +13,7 @@ from gossip.codecs import Encoded
 from gossip.messages import Delta
 from gossip.refusals import Reason
 from gossip.swim import Status
-from node.cli import main
+from node.cli.main import main
 from node.config import GossipConfig
 from node.sim import NetConfig, SimConfig, Simulation
 from node.sim.node import SimNode
@@ -217,9 +217,9 @@ def test_simulate_refuses_an_attack_without_attackers_and_the_reverse(
 
 
 def test_a_simulated_node_refuses_bad_input_as_the_daemon_does() -> None:
-    """Its inbound path is the daemon's (node/inbound.py): a delta that does not decode is
+    """Its inbound path is the daemon's (node/daemon/inbound.py): a delta that does not decode is
     refused with the daemon's reason, counted, changes nothing, and a sender that keeps at it is
-    banned, as node/penalties.py bans it in the daemon."""
+    banned, as node/security/penalties.py bans it in the daemon."""
     sim = Simulation(dataclasses.replace(BASE, duration_s=2.0))
     sim.events.run_until(1.0)
     a, b = list(sim.nodes.values())[:2]

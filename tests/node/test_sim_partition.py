@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from node.cli import main
+from node.cli.main import main
 from node.config import GossipConfig
 from node.sim import SimConfig, Simulation
 from node.sim.config import NetConfig, PartitionConfig

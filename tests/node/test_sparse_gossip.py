@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from gossip.codecs import DEFAULT_FRACTION
-from node.cli import _gossip_config, build_node_config, make_parser
+from node.cli.main import _gossip_config, build_node_config, make_parser
+from node.cli.swarm import SwarmConfig, node_argv
 from node.config import DEFAULT_GAMMA, GossipConfig
-from node.node import JoinError, Node
+from node.daemon.node import JoinError, Node
 from node.sim import NetConfig, SimConfig, Simulation
-from node.swarm import SwarmConfig, node_argv
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import config, memory_swarm, replica_matches_sender
 

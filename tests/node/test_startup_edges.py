@@ -1,6 +1,6 @@
 """Start-up edges after a neighbour's view flickers (issue 13's stall before training).
 
-A node gates its training on both directions of every edge (node/neighbourhood.py ``ready``):
+A node gates its training on both directions of every edge (node/daemon/neighbourhood.py ``ready``):
 it must hold each neighbour's public copy. A neighbour's copy is forgotten whenever the view
 stops counting it as a neighbour (gossip/replicas.py ``set_peers``) and must then come again as
 a snapshot. During a join storm a receiver's view can drop a sender and take it back (with the
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from gossip.swim_messages import Status
 from gossip.topology import exponential
-from node.node import Node
-from node.signing import record_signer
+from node.daemon.node import Node
+from node.security.signing import record_signer
 from node.transport.memory import MemoryNetwork
 from tests.node.helpers import fixed_identity, memory_swarm, poll, signed_record
 

@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from gossip.clock import ManualClock
 from gossip.codecs import get_codec
 from gossip.replicas import GossipState
-from node.flat import FlatParams
-from node.gossiper import Gossiper
-from node.node import Node
+from node.daemon.flat import FlatParams
+from node.daemon.gossiper import Gossiper
+from node.daemon.node import Node
 from tests.node.helpers import memory_swarm
 
 DIM = 40

@@ -13,10 +13,10 @@ import pytest
 
 from gossip.messages import PROTOCOL_VERSION, Hello
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
-from node import wire
-from node.identity import Identity
-from node.node import Node
-from node.signing import record_signer
+from node.daemon.node import Node
+from node.security.identity import Identity
+from node.security.signing import record_signer
+from node.transport import wire
 from protos import murmur_pb2_grpc as pb_grpc
 from tests.node.helpers import SwimResponder, config, fixed_identity, poll
 

@@ -14,9 +14,9 @@ import pytest
 
 from gossip.messages import PROTOCOL_VERSION, Hello
 from gossip.swim import MemberRecord
-from node.identity import KEY_FILE
-from node.node import Node
-from node.pki import CA_CERT_FILE, CERT_FILE, TLS_NAME, TlsFiles, init_ca, issue_node
+from node.daemon.node import Node
+from node.security.identity import KEY_FILE
+from node.security.pki import CA_CERT_FILE, CERT_FILE, TLS_NAME, TlsFiles, init_ca, issue_node
 from node.transport.base import Reason, Rejected, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from protos import murmur_pb2 as pb

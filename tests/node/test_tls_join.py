@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from node.identity import KEY_FILE
-from node.node import JoinError, Node
-from node.pki import CA_CERT_FILE, CERT_FILE, TlsFiles, issue_node
+from node.daemon.node import JoinError, Node
+from node.security.identity import KEY_FILE
+from node.security.pki import CA_CERT_FILE, CERT_FILE, TlsFiles, issue_node
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from tests.node.helpers import config
 

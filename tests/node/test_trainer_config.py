@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from node.trainer import TrainerConfig
+from node.daemon.trainer import TrainerConfig
 
 
 @pytest.mark.parametrize(

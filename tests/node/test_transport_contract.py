@@ -19,7 +19,7 @@ from gossip.messages import (
     TaskFingerprint,
 )
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
-from node.status import NeighbourStatus, NodeStatus
+from node.telemetry.status import NeighbourStatus, NodeStatus
 from node.transport.base import (
     CHUNK_VALUES,
     Reason,

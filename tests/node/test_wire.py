@@ -20,7 +20,7 @@ from gossip.messages import (
     TaskFingerprint,
 )
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
-from node import wire
+from node.transport import wire
 from node.transport.base import CHUNK_VALUES, Reason, Rejected, SnapshotChunk, iter_chunks
 from protos import murmur_pb2 as pb
 

@@ -39,9 +39,9 @@ from typing import Any, TypeVar
 
 import aiomqtt
 
-from node.mqtt import make_client
-from node.mqtt_messages import OFFLINE, ONLINE, MqttConfig, parse_status
-from node.report import REPORT_FILE
+from node.cli.report import REPORT_FILE
+from node.telemetry.mqtt import make_client
+from node.telemetry.mqtt_messages import OFFLINE, ONLINE, MqttConfig, parse_status
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ Usage::
         await node.wait_failed()   # or until a signal
 
 Start-up: resume from the state dir's newest usable checkpoint if there is one (a damaged one
-is moved aside, see node/checkpoint.py); serve; introduce ourselves through the members the
+is moved aside, see node/daemon/checkpoint.py); serve; introduce ourselves through the members the
 checkpoint remembers, then the join addresses, then the members announced on the MQTT broker
 (with discovery), which checks the task fingerprint and brings the member list; a fresh joiner
 then pulls the current model from a neighbour so that it starts near consensus; links to the
@@ -50,7 +50,8 @@ from gossip.mixing import RoundPacer
 from gossip.outer import OuterNesterov
 from gossip.refusals import REFUSALS
 from gossip.replicas import GossipState, UpdateGuard, agreeing_pair, relative_distance
-from node.checkpoint import (
+from node.config import NodeConfig
+from node.daemon.checkpoint import (
     CHECKPOINT_FILE,
     PREVIOUS_FILE,
     Checkpoint,
@@ -60,32 +61,31 @@ from node.checkpoint import (
     restore_latest,
     save_checkpoint,
 )
-from node.config import NodeConfig
-from node.console import CheckpointProgress, Summary, checkpoint_nbytes, with_countdown
-from node.device import resolve_device
-from node.flat import FlatParams
-from node.gossiper import Gossiper, NeighbourView
-from node.identity import Identity, load_or_create_identity, write_atomic
-from node.links import transfer_timeout_s
-from node.metrics import MetricsServer, MetricsTls, metrics_host
-from node.mqtt import MqttBridge
-from node.peers import JoinError, Peers
-from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, load_tls
-from node.progress import TickerConfig, fmt_duration, fmt_size
-from node.revocation import REVOKED_FILE, Revocations, read_revocations_file
-from node.service import NodeService
-from node.signing import (
+from node.daemon.device import resolve_device
+from node.daemon.flat import FlatParams
+from node.daemon.gossiper import Gossiper, NeighbourView
+from node.daemon.links import transfer_timeout_s
+from node.daemon.peers import JoinError, Peers
+from node.daemon.service import NodeService
+from node.daemon.trainer import Diverged, EvalResult, Rollback, Trainer
+from node.daemon.transfer import receive_model
+from node.security.identity import Identity, load_or_create_identity, write_atomic
+from node.security.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, load_tls
+from node.security.revocation import REVOKED_FILE, Revocations, read_revocations_file
+from node.security.signing import (
     MemberVerifier,
     RecordScreen,
     certificate_der,
     public_key_der,
     record_signer,
 )
-from node.status import NeighbourStatus, NodeStatus, status_to_json, summarise_members
 from node.tasks.base import Shard, Task, load_task
-from node.telemetry import Counters, MetricsLog, json_safe
-from node.trainer import Diverged, EvalResult, Rollback, Trainer
-from node.transfer import receive_model
+from node.telemetry.console import CheckpointProgress, Summary, checkpoint_nbytes, with_countdown
+from node.telemetry.events import Counters, MetricsLog, json_safe
+from node.telemetry.metrics import MetricsServer, MetricsTls, metrics_host
+from node.telemetry.mqtt import MqttBridge
+from node.telemetry.progress import TickerConfig, fmt_duration, fmt_size
+from node.telemetry.status import NeighbourStatus, NodeStatus, status_to_json, summarise_members
 from node.transport.base import Reason, Rejected, Transport, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
@@ -208,7 +208,7 @@ class Node:
         if resume is not None and resume.schedule is not None and self.trainer.schedule:
             self.trainer.schedule.load_state_dict(dict(resume.schedule))
         self.counters = Counters()
-        #: Which member records enter the view (admission by the CA: node/signing.py).
+        #: Which member records enter the view (admission by the CA: node/security/signing.py).
         self.verifier = MemberVerifier(ca_pem, self.counters.rejected)
         if isinstance(transport, GrpcTransport):
             transport.screen = RecordScreen(self.verifier, clock)

@@ -22,7 +22,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from node.identity import KEY_FILE, load_key, load_or_create_identity, node_id_of, write_atomic
+from node.security.identity import (
+    KEY_FILE,
+    load_key,
+    load_or_create_identity,
+    node_id_of,
+    write_atomic,
+)
 
 __all__ = [
     "CA_CERT_FILE",

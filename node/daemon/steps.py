@@ -1,6 +1,6 @@
 """Code written once for both runtimes that must partly run where the gossip state lives.
 
-The gossip state has one owner thread in the daemon (the gossip worker, node/gossiper.py) and
+The gossip state has one owner thread in the daemon (the gossip worker, node/daemon/gossiper.py) and
 none in the simulator, where everything runs on one thread. Code that checks a message on the
 caller's side, applies it to the state, then counts it on the caller's side again (the inbound
 path, the topology update) is written once as a generator of :data:`Steps`: it yields each piece

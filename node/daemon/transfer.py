@@ -9,7 +9,7 @@ import torch
 
 from gossip.codecs import tensor_from_bytes
 from gossip.messages import ModelChunk
-from node.progress import TransferProgress
+from node.telemetry.progress import TransferProgress
 from node.transport.base import Reason, Rejected
 
 __all__ = ["receive_model"]
@@ -24,7 +24,7 @@ async def receive_model(
 
     Memory stays at one model-sized buffer plus the chunk in hand: each chunk is copied into
     the buffer and dropped. A pull that lasts says how far it is, its rate and the time left
-    (:class:`node.progress.TransferProgress`).
+    (:class:`node.telemetry.progress.TransferProgress`).
 
     Raises:
         Rejected: a chunk does not fit (wrong size or place), the model ends early, or it

@@ -1,11 +1,11 @@
 """Whom a node gossips with: its neighbours, derived from its member view, one link each.
 
-The one topology update of both runtimes: the daemon (node/peers.py, over ``PeerLink``) and the
-simulator (node/sim/node.py, over ``SimLink``) own a :class:`Neighbourhood` and call
+The one topology update of both runtimes: the daemon (node/daemon/peers.py, over ``PeerLink``) and
+the simulator (node/sim/node.py, over ``SimLink``) own a :class:`Neighbourhood` and call
 :meth:`Neighbourhood.update` whenever the view changes. It derives the neighbours from the view
 (gossip/topology.py's graph over the members' ids), has the gossip state take exactly them
-(work that runs where the state lives: node/steps.py), closes the links to those that went and,
-once the node has its starting model, opens links to those that came, greeting each with a
+(work that runs where the state lives: node/daemon/steps.py), closes the links to those that went
+and, once the node has its starting model, opens links to those that came, greeting each with a
 membership ping that carries this node's record (a neighbour that has not heard of us yet counts
 us as its neighbour at once instead of a few protocol periods later).
 
@@ -22,7 +22,7 @@ from typing import Generic, Protocol, TypeVar
 from gossip.membership import MemberView, relink
 from gossip.messages import Member
 from node.config import GossipConfig
-from node.steps import Steps
+from node.daemon.steps import Steps
 
 __all__ = ["Neighbourhood"]
 

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from node.cli.evaluation import RunReport, evaluate_run, train_reference
+from node.cli.report import write_report
+from node.cli.swarm_view import LiveView, progress_view
 from node.config import GossipConfig
-from node.evaluation import RunReport, evaluate_run, train_reference
-from node.node import METRICS_FILE
-from node.pki import CA_CERT_FILE, TlsFiles, init_ca, issue_node, load_tls
-from node.report import write_report
-from node.status import NodeStatus
-from node.swarm_view import LiveView, progress_view
+from node.daemon.node import METRICS_FILE
+from node.security.pki import CA_CERT_FILE, TlsFiles, init_ca, issue_node, load_tls
+from node.telemetry.status import NodeStatus
 from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 

@@ -5,14 +5,14 @@ A record carries the member's public key (DER), the certificate the swarm's CA i
 :meth:`gossip.swim.MemberRecord.claim`. A record is admitted when
 
 * the SHA-256 of its key is its id, so nobody can put a key of their own on someone else's record;
-* (with a CA) its certificate is a node certificate of the swarm's CA (``node/pki.py``:
+* (with a CA) its certificate is a node certificate of the swarm's CA (``node/security/pki.py``:
   ECDSA P-256, not a CA, issued by the CA itself, valid now) for that same id, so that only the
   CA can mint identities: an insider with one certificate can sign records for itself only;
 * its signature holds, so a relay can neither move a member to another address nor announce
   that it left.
 
-Revocation is checked beside this, by the caller (``node/peers.py``). Without a CA (plain TCP,
-``--insecure``) there is no admission: any key may make up a member.
+Revocation is checked beside this, by the caller (``node/daemon/peers.py``). Without a CA (plain
+TCP, ``--insecure``) there is no admission: any key may make up a member.
 
 Checking costs two ECDSA verifications for a new member and one for each new record of a known
 one. :class:`MemberVerifier` remembers both verdicts, good and bad, so a record seen again costs a
@@ -37,9 +37,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from gossip.clock import Clock
 from gossip.swim import MemberRecord
-from node.identity import Identity
-from node.penalties import RateConfig, RateLimiter
-from node.pki import CertificateExpired, CertificateRefused, NodeCertificates
+from node.security.identity import Identity
+from node.security.penalties import RateConfig, RateLimiter
+from node.security.pki import CertificateExpired, CertificateRefused, NodeCertificates
 
 __all__ = [
     "MemberVerifier",

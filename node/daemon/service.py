@@ -3,7 +3,7 @@
 A refused message raises :class:`Rejected` with a reason, is counted under that reason, and leaves
 the node exactly as it was: the state machine checks everything before it changes anything, and
 snapshots are assembled in a buffer of their own before they replace a replica. Deltas and
-snapshots take the node's one inbound path (node/inbound.py), which the simulator runs too.
+snapshots take the node's one inbound path (node/daemon/inbound.py), which the simulator runs too.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from gossip.codecs import tensor_from_bytes
 from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.refusals import Reason
 from gossip.swim import SwimMessage
-from node import wire
-from node.inbound import Inbound
-from node.penalties import Penalties, RateLimiter, SystemClock
-from node.status import NodeStatus
-from node.steps import run_on
+from node.daemon.inbound import Inbound
+from node.daemon.steps import run_on
+from node.security.penalties import Penalties, RateLimiter, SystemClock
+from node.telemetry.status import NodeStatus
+from node.transport import wire
 from node.transport.base import Rejected, SnapshotChunk, iter_chunks
 
 if TYPE_CHECKING:
-    from node.node import Node
+    from node.daemon.node import Node
 
 __all__ = ["NodeService"]
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 class NodeService:
     """Implements the transport's ``Handler`` for one node; gossip goes through the node's one
-    inbound path (node/inbound.py), which the simulator shares."""
+    inbound path (node/daemon/inbound.py), which the simulator shares."""
 
     def __init__(self, node: Node) -> None:
         self.node = node

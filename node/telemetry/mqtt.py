@@ -1,6 +1,6 @@
 """The MQTT client of a node: its status for fleet dashboards, and discovery of its peers.
 
-The topics and payloads are in :mod:`node.mqtt_messages`. Every message is retained, so a
+The topics and payloads are in :mod:`node.telemetry.mqtt_messages`. Every message is retained, so a
 dashboard, or a node, that connects later learns the whole swarm at once. With discovery, a node
 with nothing else to join through waits (a few seconds at most) for the announcements the broker
 holds: its own announcement coming back marks their end, since the broker sends the retained
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import aiomqtt
 
-from node.mqtt_messages import OFFLINE, ONLINE, MqttConfig, parse_address, status_payload
-from node.status import NodeStatus
+from node.telemetry.mqtt_messages import OFFLINE, ONLINE, MqttConfig, parse_address, status_payload
+from node.telemetry.status import NodeStatus
 
 __all__ = ["Backoff", "MqttBridge", "make_client"]
 

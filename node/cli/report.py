@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, load_checkpoint
-from node.evaluation import distances_to_average, parameter_names
-from node.history import EvalPoint, NodeHistory, read_history
-from node.node import METRICS_FILE
-from node.plots import plot_metric
+from node.cli.evaluation import distances_to_average, parameter_names
+from node.cli.history import EvalPoint, NodeHistory, read_history
+from node.cli.plots import plot_metric
+from node.daemon.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, load_checkpoint
+from node.daemon.node import METRICS_FILE
 
 __all__ = [
     "PLOTS_DIR",

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.live import Live
 
-from node.progress import fmt_duration, fmt_size
-from node.status import NodeStatus
-from node.tables import Column, FittedTable
+from node.cli.tables import Column, FittedTable
+from node.telemetry.progress import fmt_duration, fmt_size
+from node.telemetry.status import NodeStatus
 
 if TYPE_CHECKING:
-    from node.swarm import SwarmConfig
+    from node.cli.swarm import SwarmConfig
 
 __all__ = ["SWARM_COLUMNS", "LiveView", "progress_view"]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from node import settings
-from node.logs import LOG_FORMATS, LOG_LEVELS, quiet_grpc, setup_logging
 from node.settings import ATTACKS, CODEC_NAMES, TOPOLOGY_NAMES
 from node.settings_sources import SettingsError, load_settings
+from node.telemetry.logs import LOG_FORMATS, LOG_LEVELS, quiet_grpc, setup_logging
 
 if TYPE_CHECKING:  # the commands import what they need, so that --help need not load torch
     from node.config import GossipConfig, NodeConfig
@@ -756,7 +756,7 @@ async def _serve(cfg: NodeConfig) -> int:
     Exit codes: 0 after a clean stop, 1 when the node failed while running, 2 when it could not
     start (no device, task or certificate; refused by the swarm; nobody answered).
     """
-    from node.node import JoinError, Node
+    from node.daemon.node import JoinError, Node
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -858,8 +858,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from node.pki import load_tls
-    from node.status import format_status, status_to_json
+    from node.security.pki import load_tls
+    from node.telemetry.status import format_status, status_to_json
     from node.transport.base import HandshakeFailed, Rejected, Unreachable
     from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
@@ -907,7 +907,7 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
     except MissingExtra as err:
         print(f"murmur swarm: {err}", file=sys.stderr)
         return 2
-    from node.swarm import SwarmConfig, run_swarm
+    from node.cli.swarm import SwarmConfig, run_swarm
 
     try:
         gossip = _gossip_config(args)
@@ -941,7 +941,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except MissingExtra as err:
         print(f"murmur report: {err}", file=sys.stderr)
         return 2
-    from node.report import default_out_dir, write_report
+    from node.cli.report import default_out_dir, write_report
 
     missing = [str(d) for d in args.state_dirs if not d.is_dir()]
     if missing:
@@ -957,8 +957,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_monitor(args: argparse.Namespace) -> int:
-    from node.monitor import MonitorConfig, run_monitor
-    from node.mqtt_messages import MqttConfig
+    from node.cli.monitor import MonitorConfig, run_monitor
+    from node.telemetry.mqtt_messages import MqttConfig
 
     try:
         mqtt = MqttConfig(url=args.mqtt, swarm=args.swarm, prefix=args.mqtt_prefix)
@@ -1027,7 +1027,7 @@ def _add_ca_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _cmd_ca_init(args: argparse.Namespace) -> int:
-    from node.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca
+    from node.security.pki import CA_CERT_FILE, CA_KEY_FILE, init_ca
 
     try:
         init_ca(args.dir, name=args.name)
@@ -1041,7 +1041,7 @@ def _cmd_ca_init(args: argparse.Namespace) -> int:
 
 
 def _cmd_ca_issue(args: argparse.Namespace) -> int:
-    from node.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, issue_node
+    from node.security.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, issue_node
 
     if args.out is None and (args.name in ("", ".", "..") or "/" in args.name):
         print(f"murmur ca issue: {args.name!r} cannot name a dir; give --out", file=sys.stderr)
@@ -1060,8 +1060,8 @@ def _cmd_ca_issue(args: argparse.Namespace) -> int:
 
 
 def _cmd_ca_revoke(args: argparse.Namespace) -> int:
-    from node.pki import issued_nodes, resolve_node_id
-    from node.revocation import REVOKED_FILE, revoke
+    from node.security.pki import issued_nodes, resolve_node_id
+    from node.security.revocation import REVOKED_FILE, revoke
 
     try:
         ids = [resolve_node_id(args.dir, i) for i in args.node_ids]

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from gossip.clock import Clock
 from gossip.swim import Kind, MemberRecord, Outgoing, Swim, SwimMessage
-from node.aio import cancel_and_wait
+from node.daemon.aio import cancel_and_wait
 from node.transport.base import Rejected, Transport, Unreachable
 
 __all__ = ["Membership"]

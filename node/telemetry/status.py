@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gossip.swim import MemberRecord, Status
-from node.progress import fmt_size
+from node.telemetry.progress import fmt_size
 
 __all__ = [
     "MAX_STATUS_MEMBERS",

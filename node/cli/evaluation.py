@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from node.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from node.node import METRICS_FILE, SUMMARY_FILE
+from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from node.daemon.node import METRICS_FILE, SUMMARY_FILE
+from node.daemon.trainer import Trainer, TrainerConfig
 from node.tasks.base import Shard, Task, evaluate_task, load_task
-from node.telemetry import read_metrics
-from node.trainer import Trainer, TrainerConfig
+from node.telemetry.events import read_metrics
 
 __all__ = [
     "NodeResult",

@@ -17,17 +17,17 @@ topic         payload                    published
                                          cleared (an empty retained message) on a clean stop
 ============  =========================  ==================================================
 
-The status is the node's ``murmur status --json`` (:func:`node.status.status_to_json`) with three
-more keys, ``"online"`` (bool), ``"time"`` (Unix seconds when published) and ``"interval_s"``
-(seconds until the next one); numbers that are not finite (the loss before the first step) are
-``null``. The ``online`` topic is the authority on a clean stop and on a death the broker saw,
-but a node killed while the broker was down keeps both its retained ``true`` and its retained
-status for good: readers (``murmur monitor``) call a status older than a few ``interval_s``
+The status is the node's ``murmur status --json`` (:func:`node.telemetry.status.status_to_json`)
+with three more keys, ``"online"`` (bool), ``"time"`` (Unix seconds when published) and
+``"interval_s"`` (seconds until the next one); numbers that are not finite (the loss before the
+first step) are ``null``. The ``online`` topic is the authority on a clean stop and on a death the
+broker saw, but a node killed while the broker was down keeps both its retained ``true`` and its
+retained status for good: readers (``murmur monitor``) call a status older than a few ``interval_s``
 stale.
 
 Discovery reads ``{prefix}/{swarm}/+/address`` and ``.../+/online``: a member counts as announced
 while it has an address and its last word on ``online`` was ``true``, so a killed node's stale
-address is not joined. :mod:`node.mqtt` is the client that publishes and reads all this.
+address is not joined. :mod:`node.telemetry.mqtt` is the client that publishes and reads all this.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from node.status import NodeStatus, finite, status_to_json
+from node.telemetry.status import NodeStatus, finite, status_to_json
 
 __all__ = [
     "KINDS",

@@ -14,8 +14,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from node.node import METRICS_FILE
-from node.telemetry import read_metrics
+from node.daemon.node import METRICS_FILE
+from node.telemetry.events import read_metrics
 
 __all__ = [
     "EvalPoint",

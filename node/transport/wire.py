@@ -15,8 +15,8 @@ from gossip.encoded import Encoded
 from gossip.messages import Delta, Hello, ModelChunk, ParamSpec, SnapshotHeader, TaskFingerprint
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
 from gossip.swim_messages import FULL_STATE
-from node.revocation import MAX_BLOB_BYTES
-from node.status import NeighbourStatus, NodeStatus
+from node.security.revocation import MAX_BLOB_BYTES
+from node.telemetry.status import NeighbourStatus, NodeStatus
 from node.transport.base import CHUNK_VALUES, Reason, Rejected, SnapshotChunk
 from protos import murmur_pb2 as pb
 

@@ -27,9 +27,9 @@ import torch
 from gossip.link import Link, LinkConfig, LinkStats, SendDelta, SendSnapshot
 from gossip.messages import Delta, Member, SnapshotHeader
 from gossip.outbox import Outbox
-from node import wire
-from node.aio import cancel_and_wait
-from node.telemetry import Counters
+from node.daemon.aio import cancel_and_wait
+from node.telemetry.events import Counters
+from node.transport import wire
 from node.transport.base import DeltaStream, Rejected, Transport, Unreachable
 
 __all__ = ["MIN_LINK_BYTES_PER_S", "LinkConfig", "PeerLink", "transfer_timeout_s"]

@@ -15,15 +15,15 @@ from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member, TaskFingerpr
 from gossip.refusals import REFUSALS
 from gossip.swim import MemberRecord, Swim, SwimConfig
 from node.config import GossipConfig
-from node.gossiper import Gossiper
-from node.links import LinkConfig, PeerLink
-from node.membership import Membership
-from node.neighbourhood import Neighbourhood
-from node.penalties import LogLimiter, RateConfig, RateLimiter, held_back
-from node.revocation import Revocations, parse_revocations
-from node.signing import signature_holds
-from node.steps import run_on
-from node.telemetry import Counters
+from node.daemon.gossiper import Gossiper
+from node.daemon.links import LinkConfig, PeerLink
+from node.daemon.membership import Membership
+from node.daemon.neighbourhood import Neighbourhood
+from node.daemon.steps import run_on
+from node.security.penalties import LogLimiter, RateConfig, RateLimiter, held_back
+from node.security.revocation import Revocations, parse_revocations
+from node.security.signing import signature_holds
+from node.telemetry.events import Counters
 from node.transport.base import HandshakeFailed, Reason, Rejected, Transport, Unreachable
 
 __all__ = ["JoinError", "MemberSigning", "Peers"]
@@ -79,7 +79,7 @@ class Peers:
         self.cfg = cfg
         self.link_cfg = LinkConfig(queue=cfg.link_queue, call_timeout_s=cfg.call_timeout_s)
         self.swim = Swim(node_id, "", incarnation, swim_cfg, clock)
-        #: The swarm's revocation list as this node knows it (node/revocation.py).
+        #: The swarm's revocation list as this node knows it (node/security/revocation.py).
         self.revocations = Revocations.none()
         self.ca_pem = ca_pem
         self._on_revocations = on_revocations

@@ -1,16 +1,16 @@
 """The one inbound path: a delta or a snapshot checked, applied and counted, for both runtimes.
 
-The daemon's service (node/service.py, behind the gRPC and the in-memory transports) and the
+The daemon's service (node/daemon/service.py, behind the gRPC and the in-memory transports) and the
 simulator's node (node/sim/node.py) both take gossip through an :class:`Inbound`: the node's
 common checks (is it taking messages, is the sender banned or flooding, does it speak our
 protocol), then the state machine's (gossip/replicas.py: sender, session, sequence, codec,
 values; nothing changes unless all pass), then the counting. A refusal raises
 :class:`Rejected` with its reason, is counted under it, and counts against the sender when the
-message was bad in itself (gossip/refusals.py, node/penalties.py).
+message was bad in itself (gossip/refusals.py, node/security/penalties.py).
 
 The state machine's part runs where the gossip state lives: each method is a generator of
-:data:`node.steps.Steps` that yields that work (see node/steps.py), so one piece of code serves
-the daemon's worker thread and the simulator's single thread.
+:data:`node.daemon.steps.Steps` that yields that work (see node/daemon/steps.py), so one piece of
+code serves the daemon's worker thread and the simulator's single thread.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from gossip.codecs import CodecError
 from gossip.messages import PROTOCOL_VERSION, Delta, SnapshotHeader
 from gossip.refusals import Reason, reason_of
 from gossip.replicas import GossipError, GossipState
-from node.penalties import Penalties, PenaltyConfig, RateConfig, RateLimiter
-from node.steps import Steps
-from node.telemetry import Counters
+from node.daemon.steps import Steps
+from node.security.penalties import Penalties, PenaltyConfig, RateConfig, RateLimiter
+from node.telemetry.events import Counters
 from node.transport.base import Rejected
 
 __all__ = ["Inbound"]

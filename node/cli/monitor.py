@@ -1,10 +1,10 @@
 """``murmur monitor``: every node of a swarm, live, from the MQTT broker the nodes report to.
 
-It subscribes to the swarm's ``status`` and ``online`` topics (see :mod:`node.mqtt`); since both
-are retained, it shows every node that ever reported as soon as it connects, the departed ones
-offline (``--hide-departed`` leaves them out), and the ones whose status has not been renewed
+It subscribes to the swarm's ``status`` and ``online`` topics (see :mod:`node.telemetry.mqtt`);
+since both are retained, it shows every node that ever reported as soon as it connects, the departed
+ones offline (``--hide-departed`` leaves them out), and the ones whose status has not been renewed
 for a few publish intervals stale, whatever their flags say. The table fits the terminal
-(:mod:`node.tables`); ``--once`` collects for a while and prints once, for scripts.
+(:mod:`node.cli.tables`); ``--once`` collects for a while and prints once, for scripts.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import aiomqtt
 from rich.console import Console
 from rich.live import Live
 
-from node.mqtt import Backoff, make_client
-from node.mqtt_messages import OFFLINE, ONLINE, MqttConfig, parse_status
-from node.progress import fmt_duration, fmt_size
-from node.tables import Column, FittedTable, render_text
+from node.cli.tables import Column, FittedTable, render_text
+from node.telemetry.mqtt import Backoff, make_client
+from node.telemetry.mqtt_messages import OFFLINE, ONLINE, MqttConfig, parse_status
+from node.telemetry.progress import fmt_duration, fmt_size
 
 __all__ = ["MonitorConfig", "SwarmBoard", "run_monitor"]
 

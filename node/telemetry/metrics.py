@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gossip.swim import Status
-from node.status import NodeStatus
+from node.telemetry.status import NodeStatus
 
 __all__ = ["MetricsServer", "MetricsTls", "metrics_host", "status_metrics"]
 

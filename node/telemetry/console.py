@@ -16,9 +16,9 @@ from typing import TypeVar
 
 import torch
 
-from node.checkpoint import Checkpoint
-from node.progress import TRANSFER_TICKS, TickerConfig, TransferProgress, announce
-from node.status import NodeStatus, format_summary
+from node.daemon.checkpoint import Checkpoint
+from node.telemetry.progress import TRANSFER_TICKS, TickerConfig, TransferProgress, announce
+from node.telemetry.status import NodeStatus, format_summary
 
 __all__ = ["CheckpointProgress", "Summary", "checkpoint_nbytes", "with_countdown"]
 
@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 
 class Summary:
-    """A node's periodic one-line summary (:func:`node.status.format_summary`): rates over
+    """A node's periodic one-line summary (:func:`node.telemetry.status.format_summary`): rates over
     the interval, never the same line twice in a row.
 
     Args:
@@ -74,7 +74,7 @@ async def with_countdown(
     describe: Callable[[], str | None],
     ticks: TickerConfig,
 ) -> T:
-    """Await ``work`` while :func:`node.progress.announce` logs ``describe()`` beside it."""
+    """Await ``work`` while :func:`node.telemetry.progress.announce` logs ``describe()``."""
     teller = asyncio.create_task(announce(describe, log, ticks), name="countdown")
     try:
         return await work

@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from node.history import EvalPoint, NodeHistory
+from node.cli.history import EvalPoint, NodeHistory
 
 __all__ = ["Panel", "plot_metric", "plot_panels"]
 

@@ -25,7 +25,7 @@ from gossip.messages import Delta, SnapshotHeader
 from gossip.mixing import MixConfig, Mixer, Round
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
-from node.flat import FlatParams
+from node.daemon.flat import FlatParams
 
 __all__ = ["Gossiper", "NeighbourView"]
 

@@ -29,8 +29,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from node.identity import load_key, write_atomic
-from node.pki import CA_CERT_FILE, CA_KEY_FILE, resolve_node_id
+from node.security.identity import load_key, write_atomic
+from node.security.pki import CA_CERT_FILE, CA_KEY_FILE, resolve_node_id
 
 __all__ = [
     "MAX_BLOB_BYTES",
@@ -49,8 +49,8 @@ MAX_REVOKED = 10_000
 #: Room for MAX_REVOKED ids of up to 32 characters, their quotes and commas, and the rest; a
 #: bigger blob is refused before it is parsed.
 MAX_BLOB_BYTES = 512 << 10
-#: What a node id may look like in a list (as on the wire: node/wire.py); no brackets or braces,
-#: which the structural check below relies on.
+#: What a node id may look like in a list (as on the wire: node/transport/wire.py); no brackets or
+#: braces, which the structural check below relies on.
 _ID_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _KEYS = frozenset({"version", "revoked", "signature"})
 #: A DER ECDSA signature over P-256 is at most 72 bytes: 96 base64 characters.

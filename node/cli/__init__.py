@@ -1,0 +1,1 @@
+"""The ``murmur`` command: one module per subcommand, and the local swarm, report and monitor."""

@@ -1,0 +1,1 @@
+"""What a node tells its operator: status, events, logs, Prometheus, MQTT and the console."""
