@@ -16,7 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from node.cli.main import build_node_config, make_parser
+from node.cli.commands.run import build_node_config
+from node.cli.main import make_parser
 from node.config import NodeConfig
 from node.security.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE
 

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from gossip.codecs import DEFAULT_FRACTION
-from node.cli.main import _gossip_config, build_node_config, make_parser
+from node.cli.commands.run import build_node_config
+from node.cli.commands.shared import gossip_config
+from node.cli.main import make_parser
 from node.cli.swarm import SwarmConfig, node_argv
 from node.config import DEFAULT_GAMMA, GossipConfig
 from node.daemon.node import JoinError, Node
@@ -58,7 +60,7 @@ def test_murmur_simulate_takes_the_flags() -> None:
     args = make_parser().parse_args(
         ["simulate", "--compress", "topk", "--compress-fraction", "0.1"]
     )
-    assert _gossip_config(args) == GossipConfig(codec="topk", compress_fraction=0.1)
+    assert gossip_config(args) == GossipConfig(codec="topk", compress_fraction=0.1)
 
 
 def _replicas_match(sim: Simulation) -> bool:

@@ -7,7 +7,8 @@ import configparser
 import shlex
 from pathlib import Path
 
-from node.cli.main import build_node_config, make_parser
+from node.cli.commands.run import build_node_config
+from node.cli.main import make_parser
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 README = EXAMPLES.parent / "README.md"
