@@ -16,6 +16,7 @@ import torch
 from gossip.refusals import REFUSALS
 from gossip.replicas import UpdateGuard, agreeing_pair, relative_distance
 from node.config import NodeConfig
+from node.daemon.flat import FlatParams
 from node.daemon.gossiper import Gossiper
 from node.daemon.links import transfer_timeout_s
 from node.daemon.peers import JoinError, Peers
@@ -52,6 +53,7 @@ class Joiner:
     remembered: the addresses of the members the checkpoint we resumed from knew.
     peers: joins through an address, and the member view it brings.
     transport: pulls the model.
+    flat: the node's own model (the initial one, before a pull).
     gossiper: adopts a pulled model as the node's own.
     guard: how far a lone pulled model may be from the initial one.
     device: where the adopted model lives.
@@ -66,6 +68,7 @@ class Joiner:
         remembered: Sequence[str],
         peers: Peers,
         transport: Transport,
+        flat: FlatParams,
         gossiper: Gossiper,
         guard: UpdateGuard,
         device: torch.device,
@@ -77,6 +80,7 @@ class Joiner:
         self.remembered = list(remembered)
         self.peers = peers
         self.transport = transport
+        self.flat = flat
         self.gossiper = gossiper
         self.guard = guard
         self.device = device
@@ -179,7 +183,7 @@ class Joiner:
         except JoinError as err:
             log.warning("could not join %s, announced on the MQTT broker: %s", node_id[:8], err)
 
-    async def pull_model(self, helper: str, initial: torch.Tensor) -> None:
+    async def pull_model(self, helper: str) -> None:
         """Start from the swarm's current model: pull it from the node we joined through and
         from neighbours (then other members), chunk by chunk, each into a buffer of its own, and
         adopt one only once a second member's model agrees with it (``agreeing_pair``).
@@ -187,7 +191,7 @@ class Joiner:
         A member that serves a poisoned model (1e38 everywhere, a scaled copy) is outvoted: the
         joiner pulls from another member until two agree, at most ``MAX_PULLS`` in all. With no
         second member to ask (a swarm of one), the one model is adopted if it is plausible
-        beside the node's own ``initial`` model (``UpdateGuard``), as a snapshot would be. The
+        beside the node's own initial model (``UpdateGuard``), as a snapshot would be. The
         node's own model is replaced only by a whole model that passed, so a transfer that fails
         or is refused changes nothing; training then starts from the initial model, which costs
         time but loses nothing.
@@ -201,7 +205,7 @@ class Joiner:
         self.runtime.rng.shuffle(others)
         # The helper first: it answered a moment ago.
         candidates = list(dict.fromkeys([helper, *neighbours, *others]))
-        numel = initial.numel()
+        numel = self.flat.numel
         pulled: list[tuple[str, torch.Tensor, int]] = []
         started = self.runtime.clock.now()
         for address in candidates:
@@ -226,6 +230,7 @@ class Joiner:
                 return
         if len(pulled) == 1 and len(candidates) == 1:  # no second member to ask
             source, values, step = pulled[0]
+            initial = self.flat.flat.detach().cpu()
             if relative_distance(values, initial, self.guard.floor_rms) <= self.guard.max_distance:
                 await self._adopt(values, source, step, started, agreed_with=None)
                 return

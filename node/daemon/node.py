@@ -239,6 +239,7 @@ class Node:
             [m["address"] for m in remembered(resume, self.node_id)],
             self.peers,
             transport,
+            self.flat,
             self.gossiper,
             self.state.guard or UpdateGuard(),
             device,
@@ -389,7 +390,7 @@ class Node:
         if self.mqtt is not None:
             self.mqtt.follow()
         if helper is not None and self.resumed is None:
-            await self.joiner.pull_model(helper, self.flat.flat.detach().cpu())
+            await self.joiner.pull_model(helper)
         await self.peers.start_links()
         spawn = self.signals.spawn
         spawn(self._start_training(), "starter")
