@@ -7,8 +7,8 @@ Each way runs in a fresh process: a model of ``--params`` fp32 parameters (one f
 a model's parameters are views of) with AdamW's state after one step and a public copy, as a
 25M text node holds; the peak resident memory (VmHWM) is reset (``/proc/self/clear_refs``),
 then the node's capture (model, optimizer and public copy copied to the CPU, as
-``Node._capture`` does) and the write run, and the rise of the peak over the resident memory
-before them is read, in units of the model's fp32 size M.
+``StateKeeper.capture`` in node/daemon/statedir.py does) and the write run, and the rise of the
+peak over the resident memory before them is read, in units of the model's fp32 size M.
 """
 
 from __future__ import annotations

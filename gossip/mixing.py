@@ -2,7 +2,7 @@
 
 Which neighbours take part in a round's mix and with what weight, the round itself (send, then
 mix: plain, Byzantine-robust or as an attacker, with DiLoCo's outer step or without), and when a
-node makes a round at all. The daemon (``node/daemon/gossiper.py``, ``node/daemon/node.py``) runs
+node makes a round at all. The daemon (``node/daemon/gossiper.py``, ``node/daemon/rounds.py``) runs
 these on its threads and event loop; the simulator (``node/sim``) on simulated time. A
 :class:`Mixer` is one node's rounds; it keeps what the rounds decide (who is out of the mix for
 silence, who is evicted for anomalous deltas), and only a round changes it: reading it (a status)

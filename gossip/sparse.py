@@ -44,13 +44,11 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from gossip.codecs import (
-    CODECS,
+from gossip.codec_base import (
     DEFAULT_FRACTION,
     Codec,
     CodecError,
     Compressed,
-    Encoded,
     NonFiniteError,
     _blocks,
     _n_blocks,
@@ -58,8 +56,16 @@ from gossip.codecs import (
     tensor_from_bytes,
     tensor_to_bytes,
 )
+from gossip.encoded import Encoded
 
-__all__ = ["DctTopKCodec", "RandKCodec", "SparseCodec", "TopKCodec", "randk_indices"]
+__all__ = [
+    "SPARSE_CODECS",
+    "DctTopKCodec",
+    "RandKCodec",
+    "SparseCodec",
+    "TopKCodec",
+    "randk_indices",
+]
 
 #: Two-byte indices address blocks of up to this many values.
 MAX_SPARSE_BLOCK = 1 << 16
@@ -408,4 +414,5 @@ class DctTopKCodec(SparseCodec):
         return out.view(-1)[:numel]
 
 
-CODECS.update({cls.name: cls for cls in (TopKCodec, RandKCodec, DctTopKCodec)})
+#: The sparsifying codecs, for the registry (gossip/codecs.py :data:`CODECS`).
+SPARSE_CODECS: tuple[type[Codec], ...] = (TopKCodec, RandKCodec, DctTopKCodec)

@@ -1,22 +1,19 @@
-"""SWIM's vocabulary: member statuses and their order, message kinds, messages.
+"""SWIM's vocabulary: member statuses and their order, member records, message kinds, messages.
 
-Re-exported by :mod:`gossip.swim`, where the member record and the protocol live.
+Re-exported by :mod:`gossip.swim`, where the protocol lives.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gossip.swim import MemberRecord
 
 __all__ = [
     "ACCUSATIONS",
     "FULL_STATE",
     "LIVE",
     "Kind",
+    "MemberRecord",
     "Outgoing",
     "Status",
     "SwimMessage",
@@ -38,6 +35,46 @@ _RANK = {Status.ALIVE: 0, Status.SUSPECT: 1, Status.DEAD: 2, Status.LEFT: 3}
 #: Members that count: the ones a node gossips with.
 LIVE = frozenset({Status.ALIVE, Status.SUSPECT})
 ACCUSATIONS = frozenset({Status.SUSPECT, Status.DEAD})
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    """What one member is believed to be.
+
+    ``public_key`` and ``signature`` let anyone check the parts only the member itself may say
+    (:meth:`claim`): its address, its incarnation, and that it left. Suspicion and death are
+    other members' claims, so a record that says them keeps the member's signature of "alive"
+    and adds the accuser's: ``accuser`` and ``accuser_signature`` over :meth:`accusation`.
+    ``certificate`` (DER) is the swarm CA's proof that the id is a member's at all.
+    """
+
+    node_id: NodeId
+    address: str
+    incarnation: int
+    status: Status = Status.ALIVE
+    public_key: bytes = b""
+    signature: bytes = b""
+    certificate: bytes = b""
+    # swim: who accuses this member (suspect or dead), and its signature of that.
+    accuser: NodeId = ""
+    accuser_signature: bytes = b""
+
+    @property
+    def live(self) -> bool:
+        return self.status in LIVE
+
+    def claim(self) -> bytes:
+        """The bytes the member signs."""
+        what = "left" if self.status is Status.LEFT else "alive"
+        return f"murmur-member|{self.node_id}|{self.address}|{self.incarnation}|{what}".encode()
+
+    def accusation(self) -> bytes:
+        """The bytes the accuser signs: that this member, at this incarnation, failed its probe.
+
+        Suspect and dead are one accusation (the status a relay passes on is its own verdict,
+        and a receiver takes either as a suspicion), so the status is not signed.
+        """
+        return f"murmur-accuse|{self.node_id}|{self.incarnation}|{self.accuser}".encode()
 
 
 def supersedes(new: MemberRecord, old: MemberRecord) -> bool:

@@ -15,14 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from gossip.lifeguard import LocalHealth
-from gossip.swim_messages import Kind, Outgoing, Status, SwimMessage
+from gossip.swim_messages import Kind, MemberRecord, Outgoing, Status, SwimMessage
 from gossip.swim_view import MemberTable, _Entry
-
-if TYPE_CHECKING:
-    from gossip.swim import MemberRecord
 
 __all__ = ["FailureDetector"]
 

@@ -18,14 +18,11 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from gossip.clock import Clock
 from gossip.lifeguard import RelayerRate, suspicion_timeout_s
-from gossip.swim_messages import ACCUSATIONS, Status, supersedes
-
-if TYPE_CHECKING:
-    from gossip.swim import MemberRecord, SwimConfig
+from gossip.swim_config import SwimConfig
+from gossip.swim_messages import ACCUSATIONS, MemberRecord, Status, supersedes
 
 __all__ = ["MemberTable"]
 

@@ -6,19 +6,30 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rich.console import Console
 from rich.live import Live
 
 from node.cli.tables import Column, FittedTable
+from node.config import GossipConfig
 from node.telemetry.progress import fmt_duration, fmt_size
 from node.telemetry.status import NodeStatus
 
-if TYPE_CHECKING:
-    from node.cli.swarm import SwarmConfig
+__all__ = ["SWARM_COLUMNS", "LiveView", "SwarmShape", "progress_view"]
 
-__all__ = ["SWARM_COLUMNS", "LiveView", "progress_view"]
+
+class SwarmShape(Protocol):
+    """What the view's title says of the swarm (node/cli/swarm.py ``SwarmConfig`` has it)."""
+
+    @property
+    def nodes(self) -> int: ...
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def gossip(self) -> GossipConfig: ...
 
 
 #: The live table's columns: node, step and eval accuracy survive any width; the rest go from
@@ -53,7 +64,7 @@ def _judged(s: NodeStatus, metric: str) -> str:
 
 
 def progress_view(
-    cfg: SwarmConfig,
+    cfg: SwarmShape,
     statuses: Sequence[NodeStatus | None],
     elapsed: float,
     metric: str = "accuracy",

@@ -10,42 +10,76 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, NoReturn
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import torch
 
 from gossip.codecs import tensor_from_bytes
-from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
+from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader, TaskFingerprint
 from gossip.refusals import Reason
 from gossip.swim import SwimMessage
 from node.daemon.inbound import Inbound
-from node.daemon.steps import run_on
-from node.security.penalties import Penalties, RateLimiter, SystemClock
+from node.daemon.steps import Steps
+from node.security.penalties import Penalties, RateLimiter
 from node.telemetry.status import NodeStatus
 from node.transport import wire
 from node.transport.base import Rejected, SnapshotChunk, iter_chunks
 
-if TYPE_CHECKING:
-    from node.daemon.node import Node
-
-__all__ = ["NodeService"]
+__all__ = ["NodeService", "ServicePort"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class ServicePort(Protocol):
+    """What the service needs of its node, and nothing else."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def fingerprint(self) -> TaskFingerprint:
+        """The task and codec a caller's hello must match."""
+        ...
+
+    def is_revoked(self, node_id: str) -> bool: ...
+
+    async def welcome(self, hello: Hello) -> Hello:
+        """Take a member in (node/daemon/peers.py); raises :class:`Rejected`."""
+        ...
+
+    def adopt_revocations(self, blob: bytes, source: str) -> Any: ...
+
+    def receive_swim(self, message: SwimMessage) -> None: ...
+
+    async def model_copy(self) -> tuple[torch.Tensor, int]:
+        """A copy of the model to serve, and the step it is at."""
+        ...
+
+    async def on_worker(self, steps: Steps[T]) -> T:
+        """Run an inbound path's steps where the gossip state lives."""
+        ...
+
+    def changed(self) -> None:
+        """The state changed (a delta or snapshot applied): wake whoever waits on it."""
+        ...
+
+    async def status(self) -> NodeStatus: ...
 
 
 class NodeService:
     """Implements the transport's ``Handler`` for one node; gossip goes through the node's one
-    inbound path (node/daemon/inbound.py), which the simulator shares."""
+    inbound path (node/daemon/inbound.py), which the simulator shares.
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.inbound = Inbound(
-            node.state,
-            node.counters,
-            SystemClock(),
-            accepting=self._accepting,
-            on_replicas=node.gossiper.published,
-        )
+    Args:
+        port: the node, as far as the service needs it.
+        inbound: the node's inbound path (which also says whether the node takes messages).
+    """
+
+    def __init__(self, port: ServicePort, inbound: Inbound) -> None:
+        self.port = port
+        self.inbound = inbound
 
     @property
     def penalties(self) -> Penalties:
@@ -66,15 +100,8 @@ class NodeService:
     def rates(self, rates: RateLimiter) -> None:
         self.inbound.rates = rates
 
-    def _accepting(self) -> Reason | None:
-        if self.node.closing:
-            return Reason.SHUTTING_DOWN
-        if not self.node.ready:
-            return Reason.NOT_READY
-        return None
-
     def is_revoked(self, node_id: str) -> bool:
-        return node_id in self.node.peers.revocations.node_ids
+        return self.port.is_revoked(node_id)
 
     def note_rejected(self, reason: Reason, detail: str) -> None:
         self.inbound.note_rejected(reason, detail)
@@ -88,52 +115,49 @@ class NodeService:
     async def rpc_hello(self, hello: Hello) -> Hello:
         sender = hello.self_.node_id
         self._check_common(hello.protocol_version, sender)
-        differences = self.node.fingerprint.differences(hello.fingerprint, "we have", "you have")
+        differences = self.port.fingerprint.differences(hello.fingerprint, "we have", "you have")
         if differences:
             self._refuse(
                 Reason.FINGERPRINT,
                 "the task differs from this swarm's: " + "; ".join(differences),
                 sender,
             )
-        if sender == self.node.node_id:
+        if sender == self.port.node_id:
             self._refuse(Reason.MALFORMED, "the caller claims this node's own id")
         try:
-            return await self.node.peers.welcome(hello)
+            return await self.port.welcome(hello)
         except Rejected as err:
             self._refuse(err.reason, err.detail, sender)
 
     async def rpc_swim(self, protocol_version: int, message: SwimMessage) -> str:
         self._check_common(protocol_version, message.sender)
-        if message.sender == self.node.node_id:
+        if message.sender == self.port.node_id:
             self._refuse(Reason.MALFORMED, "the sender claims this node's own id")
         if message.revocations:
-            self.node.peers.adopt_revocations(message.revocations, message.sender)
-        self.node.peers.membership.receive(message)
-        return self.node.node_id
+            self.port.adopt_revocations(message.revocations, message.sender)
+        self.port.receive_swim(message)
+        return self.port.node_id
 
     async def rpc_pull_model(
         self, protocol_version: int, requester: str
     ) -> AsyncIterator[ModelChunk]:
         self._check_common(protocol_version, "")
         # One copy of the model, cut into chunks as the stream drains: memory stays bounded.
-        values = await self.node.gossiper.model_copy()
-        step = self.node.trainer.step
+        values, step = await self.port.model_copy()
         log.info("sending our model to %s (%d values)", requester[:8], values.numel())
         for chunk in iter_chunks(values):
             yield ModelChunk(values.numel(), chunk.offset, chunk.data, step)
 
     async def rpc_push_delta(self, delta: Delta) -> int:
-        seq = await run_on(
-            self.inbound.push_delta(delta, wire.delta_nbytes(delta)), self.node.gossiper.run
-        )
-        self.node.notify_change()
+        seq = await self.port.on_worker(self.inbound.push_delta(delta, wire.delta_nbytes(delta)))
+        self.port.changed()
         return seq
 
     async def rpc_push_snapshot(
         self, header: SnapshotHeader, chunks: AsyncIterator[SnapshotChunk]
     ) -> int:
         sender = header.sender
-        await run_on(self.inbound.open_snapshot(header), self.node.gossiper.run)
+        await self.port.on_worker(self.inbound.open_snapshot(header))
         # One model-sized buffer plus one chunk in flight: memory stays bounded.
         values = torch.empty(header.numel, dtype=torch.float32)
         filled = 0
@@ -152,12 +176,11 @@ class NodeService:
             self._refuse(
                 Reason.MALFORMED, f"snapshot ended after {filled} of {header.numel} values", sender
             )
-        seq = await run_on(
-            self.inbound.apply_snapshot(header, values, wire.snapshot_nbytes(header)),
-            self.node.gossiper.run,
+        seq = await self.port.on_worker(
+            self.inbound.apply_snapshot(header, values, wire.snapshot_nbytes(header))
         )
-        self.node.notify_change()
+        self.port.changed()
         return seq
 
     async def rpc_status(self) -> NodeStatus:
-        return await self.node.status()
+        return await self.port.status()

@@ -19,22 +19,51 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gossip.link import Link, LinkConfig, LinkStats, SendDelta
-from gossip.messages import Member, SnapshotHeader
+from gossip.messages import Delta, Member, SnapshotHeader
 from gossip.outbox import Outbox
+from gossip.replicas import GossipState
 from node.daemon.links import transfer_timeout_s
+from node.sim.world import World
+from node.telemetry.events import Counters
 from node.transport.base import Rejected
 
-if TYPE_CHECKING:
-    from gossip.messages import Delta
-    from node.sim.node import SimNode
-
-__all__ = ["REPLY_BYTES", "SimLink"]
+__all__ = ["REPLY_BYTES", "LinkOwner", "SimLink"]
 
 #: Bytes an acknowledgement or a refusal takes on the receiver's uplink (a few varints).
 REPLY_BYTES = 8
+
+
+class LinkOwner(Protocol):
+    """The simulated node a link sends for (node/sim/node.py ``SimNode``)."""
+
+    @property
+    def sim(self) -> World: ...
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def state(self) -> GossipState: ...
+
+    @property
+    def degree(self) -> int: ...
+
+    @property
+    def counters(self) -> Counters: ...
+
+    def delta_nbytes(self, delta: Delta) -> tuple[int, int]: ...
+
+    def snapshot_nbytes(self, header: SnapshotHeader) -> int: ...
+
+    def check_ready(self) -> None:
+        """A link came up: the node may start training."""
+        ...
 
 
 class SimLink:
@@ -43,7 +72,7 @@ class SimLink:
     peer: whom to deliver to.
     """
 
-    def __init__(self, owner: SimNode, peer: Member, cfg: LinkConfig) -> None:
+    def __init__(self, owner: LinkOwner, peer: Member, cfg: LinkConfig) -> None:
         self.owner = owner
         self.peer = peer
         self.cfg = cfg

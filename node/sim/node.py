@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,13 +34,11 @@ from node.daemon.peers import LEAVE_FANOUT
 from node.daemon.steps import run_here
 from node.daemon.trainer import batches, train_step
 from node.sim.link import SimLink
+from node.sim.world import World
 from node.tasks.base import Task
 from node.telemetry.events import Counters
 from node.transport import wire
 from node.transport.base import Rejected
-
-if TYPE_CHECKING:
-    from node.sim.swarm import Simulation
 
 __all__ = ["SimNode"]
 
@@ -64,7 +61,7 @@ class SimNode:
 
     def __init__(
         self,
-        sim: Simulation,
+        sim: World,
         node_id: str,
         address: str,
         shard: int,

@@ -14,13 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import torch
-
-from node.daemon.checkpoint import Checkpoint
 from node.telemetry.progress import TRANSFER_TICKS, TickerConfig, TransferProgress, announce
 from node.telemetry.status import NodeStatus, format_summary
 
-__all__ = ["CheckpointProgress", "Summary", "checkpoint_nbytes", "with_countdown"]
+__all__ = ["CheckpointProgress", "Summary", "with_countdown"]
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +78,6 @@ async def with_countdown(
     finally:
         teller.cancel()
         await asyncio.gather(teller, return_exceptions=True)
-
-
-def checkpoint_nbytes(ckpt: Checkpoint) -> int:
-    """The tensor bytes of a checkpoint (model, public copy, optimizer state): about its size
-    on disk."""
-    tensors = [*ckpt.model.values(), ckpt.public]
-    if ckpt.optimizer is not None:
-        for per_param in ckpt.optimizer.get("state", {}).values():
-            tensors += [v for v in per_param.values() if isinstance(v, torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @dataclass

@@ -18,7 +18,7 @@ import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -43,10 +43,8 @@ from node.transport.base import (
     Rejected,
     SnapshotChunk,
 )
+from node.transport.grpc_config import GrpcTransportConfig
 from protos import murmur_pb2_grpc
-
-if TYPE_CHECKING:
-    from node.transport.grpc import GrpcTransportConfig
 
 __all__ = ["REASON_KEY", "Servicer", "Undecodable", "add_servicer", "status_code"]
 

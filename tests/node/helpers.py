@@ -16,8 +16,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import MemberRecord, Outgoing, Swim, SwimConfig, SwimMessage
 from node.config import GossipConfig, NodeConfig
-from node.daemon.node import MonotonicClock, Node
+from node.daemon.node import Node
 from node.daemon.trainer import TrainerConfig
+from node.runtime import LoopClock
 from node.security.identity import Identity
 from node.security.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, init_ca, issue_node
 from node.security.signing import public_key_der, record_signer
@@ -155,7 +156,7 @@ class SwimResponder:
             address,
             1,
             SwimConfig(),
-            MonotonicClock(),
+            LoopClock(asyncio.get_running_loop()),
             sign=record_signer(self.identity),
             public_key=public_key_der(self.identity),
         )

@@ -137,7 +137,7 @@ async def test_a_member_that_never_sends_its_copy_holds_the_start_only_for_the_g
     """The third node takes its neighbours' copies but every copy of its own is lost, so their
     edges to it never come up both ways. They start after the grace (0.5 s), not the wait
     timeout (an hour), and name it; it keeps waiting, since its own edges never come up."""
-    caplog.set_level(logging.WARNING, logger="node.daemon.node")
+    caplog.set_level(logging.WARNING, logger="node.daemon.startup")
     silent_address = "mem:2"  # the in-memory network numbers its nodes in order
     network = MemoryNetwork(
         drop=lambda caller, _, msg: caller == silent_address and isinstance(msg, SnapshotHeader)

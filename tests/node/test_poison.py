@@ -26,7 +26,8 @@ class Poisoner(NodeService):
     async def rpc_pull_model(
         self, protocol_version: int, requester: str
     ) -> AsyncIterator[ModelChunk]:
-        values = torch.full((self.node.flat.numel,), 1e38)
+        model, _ = await self.port.model_copy()
+        values = torch.full_like(model, 1e38)
         for chunk in iter_chunks(values):
             yield ModelChunk(values.numel(), chunk.offset, chunk.data, 10**6)
 
@@ -41,7 +42,7 @@ async def start_poisoner(tmp_path: Path, network: MemoryNetwork, join: str, shar
         **SETTLED,
     )
     node = await Node.create(cfg, transport=MemoryTransport(network))
-    node.service = Poisoner(node)
+    node.service = Poisoner(node.service.port, node.service.inbound)
     await node.start()
     return node
 

@@ -1,0 +1,134 @@
+"""The round scheduler: when a node makes a gossip round.
+
+Gossip rounds follow the trainer's steps (at least ``local_steps`` apart, and only when the
+links have carried the previous round) and, once the step budget is spent, a slow timer, so that
+a finished node keeps pulling toward the swarm and serving its model until it is stopped.
+
+The pacing (gossip/mixing.py :class:`RoundPacer`) is shared by the trainer thread, which asks
+after each step, and the event loop, which learns when links go busy or idle; hence the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from typing import Protocol
+
+from gossip.messages import Delta
+from gossip.mixing import RoundPacer
+from node.daemon.signals import Signals
+from node.telemetry.events import Counters
+
+__all__ = ["RoundScheduler"]
+
+
+class Worker(Protocol):
+    """Makes a round where the gossip state lives (node/daemon/gossiper.py)."""
+
+    def submit_round(self, step: int) -> Future[Delta | None]: ...
+
+
+class Links(Protocol):
+    """The node's outgoing links (node/daemon/peers.py)."""
+
+    @property
+    def busy(self) -> bool: ...
+
+    def offer(self, delta: Delta) -> None: ...
+
+
+class Steps(Protocol):
+    """The trainer, as far as rounds care (node/daemon/trainer.py)."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def running(self) -> bool: ...
+
+
+class RoundScheduler:
+    """Args:
+    local_steps: the least number of steps between two rounds.
+    worker: makes the rounds.
+    links: carries them, and says whether it still carries the last one.
+    trainer: the step an idle round is made at, and whether training runs.
+    counters: counts the rounds made.
+    signals: told of every round made, and of a round that failed (the node fails).
+    sleep: how the idle rounds wait.
+    """
+
+    def __init__(
+        self,
+        local_steps: int,
+        worker: Worker,
+        links: Links,
+        trainer: Steps,
+        counters: Counters,
+        signals: Signals,
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
+        self.worker = worker
+        self.links = links
+        self.trainer = trainer
+        self.counters = counters
+        self.signals = signals
+        self.sleep = sleep
+        self._lock = threading.Lock()
+        self._pacer = RoundPacer(local_steps)
+
+    def after_step(self, step: int) -> None:
+        """Trainer thread: start a gossip round if one is due and the links can take it."""
+        with self._lock:
+            due = self._pacer.due(step)
+        if due:
+            self.try_round(step)
+
+    def try_round(self, step: int) -> bool:
+        """Start a round unless one is being made or a link is still busy; never blocks.
+
+        Rounds are paced by the network: ``local_steps`` is the least number of steps between
+        two rounds, and a round is skipped while the links still carry the last one. Skipping
+        loses nothing (x - x̂ keeps what was not sent), whereas queueing rounds that the network
+        cannot carry would only make every neighbour's replica staler.
+        """
+        with self._lock:
+            if not self._pacer.begin(step):
+                return False
+        fut = self.worker.submit_round(step)
+        fut.add_done_callback(self.signals.on_loop(self._round_made))
+        return True
+
+    def links_changed(self) -> None:
+        """Event loop: a link may have become busy or idle."""
+        idle = not self.links.busy
+        with self._lock:
+            self._pacer.links_idle = idle
+        if not self.trainer.running:
+            self.signals.changed()  # the start of training waits for links to come up
+
+    def _round_made(self, fut: Future[Delta | None]) -> None:
+        try:
+            if fut.cancelled():
+                return
+            err = fut.exception()
+            if err is not None:
+                self.signals.fail(err)
+                return
+            delta = fut.result()
+            if delta is None:
+                return
+            self.counters.rounds += 1
+            self.signals.changed()
+            self.links.offer(delta)
+        finally:
+            with self._lock:
+                self._pacer.end()
+            self.links_changed()
+
+    async def idle_gossip(self, interval_s: float) -> None:
+        """After training: keep mixing toward the swarm, every ``interval_s``, until stopped."""
+        while True:
+            self.try_round(self.trainer.step)
+            await self.sleep(interval_s)

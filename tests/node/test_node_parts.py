@@ -1,0 +1,42 @@
+"""The node's assembly: its randomness comes from the runtime it is given, and its service sees
+only the narrow port (node/daemon/service.py ServicePort)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+from node.daemon import service
+from node.daemon.node import Node
+from node.runtime import Runtime
+from node.transport.memory import MemoryNetwork, MemoryTransport
+from tests.node.helpers import config
+
+
+async def _session(tmp_path: Path, name: str, seed: int) -> int:
+    cfg = config(tmp_path / name, listen="mem:0")
+    node = await Node.create(
+        cfg, transport=MemoryTransport(MemoryNetwork()), runtime=Runtime.on_loop(seed=seed)
+    )
+    return node.state.session
+
+
+async def test_one_seed_fixes_the_nodes_random_choices(tmp_path: Path) -> None:
+    """Session ids come from the runtime's RNG, not the global one: one seed, one session."""
+    first = await _session(tmp_path, "a", seed=7)
+    again = await _session(tmp_path, "b", seed=7)
+    other = await _session(tmp_path, "c", seed=8)
+    assert first == again
+    assert first != other
+
+
+async def test_the_service_talks_to_its_port_only(tmp_path: Path) -> None:
+    """What the service is given is the port and the inbound path, not the node."""
+    cfg = config(tmp_path / "a", listen="mem:0")
+    node = await Node.create(cfg, transport=MemoryTransport(MemoryNetwork()))
+    assert not isinstance(node.service.port, Node)
+    assert node.service.port.node_id == node.node_id
+    tree = ast.parse(inspect.getsource(service))
+    attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert "node" not in attributes  # no self.node.<anything> left
