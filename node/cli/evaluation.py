@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from node.daemon.node import METRICS_FILE, SUMMARY_FILE
+from node.daemon.statedir import METRICS_FILE, SUMMARY_FILE
 from node.daemon.trainer import Trainer, TrainerConfig
 from node.tasks.base import Shard, Task, evaluate_task, load_task
 from node.telemetry.events import read_metrics

@@ -14,7 +14,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from node.daemon.node import METRICS_FILE
+from node.daemon.statedir import METRICS_FILE
 from node.telemetry.events import read_metrics
 
 __all__ = [

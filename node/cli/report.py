@@ -18,7 +18,7 @@ from node.cli.evaluation import distances_to_average, parameter_names
 from node.cli.history import EvalPoint, NodeHistory, read_history
 from node.cli.plots import plot_metric
 from node.daemon.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointError, load_checkpoint
-from node.daemon.node import METRICS_FILE
+from node.daemon.statedir import METRICS_FILE
 
 __all__ = [
     "PLOTS_DIR",

@@ -28,7 +28,7 @@ from node.cli.evaluation import RunReport, evaluate_run, train_reference
 from node.cli.report import write_report
 from node.cli.swarm_view import LiveView, progress_view
 from node.config import GossipConfig
-from node.daemon.node import METRICS_FILE
+from node.daemon.statedir import METRICS_FILE
 from node.security.pki import CA_CERT_FILE, TlsFiles, init_ca, issue_node, load_tls
 from node.telemetry.status import NodeStatus
 from node.transport.base import Rejected, Unreachable
