@@ -69,6 +69,7 @@ from node.daemon.peers import JoinError, Peers
 from node.daemon.service import NodeService
 from node.daemon.trainer import Diverged, EvalResult, Rollback, Trainer
 from node.daemon.transfer import receive_model
+from node.runtime import Runtime
 from node.security.identity import Identity, load_or_create_identity, write_atomic
 from node.security.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, load_tls
 from node.security.revocation import REVOKED_FILE, Revocations, read_revocations_file
@@ -223,7 +224,7 @@ class Node:
             cfg.membership,
             # Above any incarnation an earlier run of this node had (it restarts later).
             incarnation=time.time_ns() // 1_000_000,
-            clock=clock,
+            runtime=Runtime(clock, asyncio.sleep, random.Random()),
             spawn=self._spawn,
             on_view_change=self._view_changed,
             on_links_change=self._links_changed,
@@ -351,7 +352,12 @@ class Node:
         if mqtt is not None:
             # Before joining: with discovery, the broker may be how this node finds the swarm.
             self.mqtt = MqttBridge(
-                mqtt, self.node_id, self.address, self.status, self._join_announced
+                mqtt,
+                self.node_id,
+                self.address,
+                self.status,
+                self.peers.runtime,
+                self._join_announced,
             )
             self.mqtt.start()
         helper = await self._find_swarm()

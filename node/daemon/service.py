@@ -20,7 +20,8 @@ from gossip.refusals import Reason
 from gossip.swim import SwimMessage
 from node.daemon.inbound import Inbound
 from node.daemon.steps import run_on
-from node.security.penalties import Penalties, RateLimiter, SystemClock
+from node.runtime import SystemClock
+from node.security.penalties import Penalties, RateLimiter
 from node.telemetry.status import NodeStatus
 from node.transport import wire
 from node.transport.base import Rejected, SnapshotChunk, iter_chunks
