@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from gossip.clock import Clock
 
-__all__ = ["LoopClock", "Runtime"]
+__all__ = ["LoopClock", "Runtime", "SystemClock"]
 
 
 class LoopClock:
@@ -27,6 +28,15 @@ class LoopClock:
 
     def now(self) -> float:
         return self._loop.time()
+
+
+class SystemClock:
+    """The monotonic clock, for parts that may run before a loop does or off it (the gRPC
+    transport's channel expiry and its servicer's bans). On the default event loop it reads
+    what the loop's clock reads."""
+
+    def now(self) -> float:
+        return time.monotonic()
 
 
 @dataclass(frozen=True)

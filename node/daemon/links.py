@@ -19,7 +19,6 @@ import contextlib
 import io
 import logging
 import math
-import random
 from collections.abc import Awaitable, Callable
 
 import torch
@@ -28,6 +27,7 @@ from gossip.link import Link, LinkConfig, LinkStats, SendDelta, SendSnapshot
 from gossip.messages import Delta, Member, SnapshotHeader
 from gossip.outbox import Outbox
 from node.daemon.aio import cancel_and_wait
+from node.runtime import Runtime
 from node.telemetry.events import Counters
 from node.transport import wire
 from node.transport.base import DeltaStream, Rejected, Transport, Unreachable
@@ -54,8 +54,9 @@ class PeerLink:
     """Args:
     peer: whom to deliver to.
     snapshot: returns x̂ on the host, with its header.
+    runtime: the clock the link's deadlines are read on (the loop's, which arms its timers)
+        and the RNG its back-off's jitter is forked from.
     on_change: called whenever the link may have become busy or idle.
-    rng: the back-off's jitter.
     """
 
     def __init__(
@@ -65,14 +66,15 @@ class PeerLink:
         snapshot: Callable[[], Awaitable[tuple[SnapshotHeader, torch.Tensor]]],
         cfg: LinkConfig,
         counters: Counters,
+        runtime: Runtime,
         on_change: Callable[[], None] = lambda: None,
-        rng: random.Random | None = None,
     ) -> None:
         self.peer = peer
         self.transport = transport
         self.cfg = cfg
         self.counters = counters
-        self.machine = Link(cfg, rng or random.Random())
+        self.runtime = runtime
+        self.machine = Link(cfg, runtime.fork_rng())
         self._snapshot = snapshot
         self._on_change = on_change
         self._wake = asyncio.Event()
@@ -138,9 +140,8 @@ class PeerLink:
 
     # -- carrying the machine's commands ------------------------------------------------------
 
-    @staticmethod
-    def _now() -> float:
-        return asyncio.get_running_loop().time()
+    def _now(self) -> float:
+        return self.runtime.clock.now()
 
     def _changed(self) -> None:
         """Wake the node now, and again when the oldest answer becomes overdue: the link then

@@ -13,9 +13,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 
-from gossip.clock import Clock
 from gossip.swim import Kind, MemberRecord, Outgoing, Swim, SwimMessage
 from node.daemon.aio import cancel_and_wait
+from node.runtime import Runtime
 from node.transport.base import Rejected, Transport, Unreachable
 
 __all__ = ["Membership"]
@@ -29,6 +29,7 @@ MAX_IN_FLIGHT = 256
 class Membership:
     """Args:
     swim: the protocol's state.
+    runtime: the clock the protocol's deadlines are read on (the one ``swim`` reads).
     on_change: awaited with the records whose status or address changed, from the one task
         that runs the protocol, so changes are handled one batch at a time and in order.
     """
@@ -37,13 +38,13 @@ class Membership:
         self,
         swim: Swim,
         transport: Transport,
-        clock: Clock,
+        runtime: Runtime,
         on_change: Callable[[list[MemberRecord]], Awaitable[None]],
         attach: Callable[[], bytes] = lambda: b"",
     ) -> None:
         self.swim = swim
         self.transport = transport
-        self.clock = clock
+        self.clock = runtime.clock
         self._on_change = on_change
         self._attach = attach
         self._wake = asyncio.Event()

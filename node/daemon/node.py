@@ -183,6 +183,7 @@ class Node:
             on_done=signals.on_loop(self._on_training_done),
             start_step=int(resume.meta["step"]) if resume else 0,
             on_rollback=signals.on_loop(self._rolled_back),
+            clock=clock,
         )
         if resume is not None and resume.optimizer is not None:
             self.trainer.optimizer.load_state_dict(dict(resume.optimizer))
@@ -203,7 +204,7 @@ class Node:
             cfg.membership,
             # Above any incarnation an earlier run of this node had (it restarts later).
             incarnation=time.time_ns() // 1_000_000,
-            clock=clock,
+            runtime=runtime,
             spawn=signals.spawn,
             on_view_change=signals.changed,
             on_links_change=self._links_changed,
@@ -383,7 +384,12 @@ class Node:
         if mqtt is not None:
             # Before joining: with discovery, the broker may be how this node finds the swarm.
             self.mqtt = MqttBridge(
-                mqtt, self.node_id, self.address, self.status, self._join_announced
+                mqtt,
+                self.node_id,
+                self.address,
+                self.status,
+                self.runtime,
+                self._join_announced,
             )
             self.mqtt.start()
         helper = await self.joiner.find_swarm(self.mqtt)

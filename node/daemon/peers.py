@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
-from gossip.clock import Clock
 from gossip.membership import MemberView
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member, TaskFingerprint
 from gossip.refusals import REFUSALS
@@ -20,6 +18,7 @@ from node.daemon.links import LinkConfig, PeerLink
 from node.daemon.membership import Membership
 from node.daemon.neighbourhood import Neighbourhood
 from node.daemon.steps import run_on
+from node.runtime import Runtime
 from node.security.penalties import LogLimiter, RateConfig, RateLimiter, held_back
 from node.security.revocation import Revocations, parse_revocations
 from node.security.signing import signature_holds
@@ -47,6 +46,7 @@ class JoinError(RuntimeError):
 class Peers:
     """Args:
     incarnation: where this node's SWIM incarnation starts (above any earlier run's).
+    runtime: the clock, sleep and RNG of membership, joining and the links.
     spawn: runs a background coroutine for the node (and reports its failure).
     on_view_change: called after the member view changed.
     on_links_change: called when a link may have become busy or idle.
@@ -63,7 +63,7 @@ class Peers:
         cfg: GossipConfig,
         swim_cfg: SwimConfig,
         incarnation: int,
-        clock: Clock,
+        runtime: Runtime,
         spawn: Callable[[Coroutine[Any, Any, None], str], None],
         on_view_change: Callable[[], None],
         on_links_change: Callable[[], None],
@@ -77,8 +77,10 @@ class Peers:
         self.gossiper = gossiper
         self.counters = counters
         self.cfg = cfg
+        self.runtime = runtime
+        clock = runtime.clock
         self.link_cfg = LinkConfig(queue=cfg.link_queue, call_timeout_s=cfg.call_timeout_s)
-        self.swim = Swim(node_id, "", incarnation, swim_cfg, clock)
+        self.swim = Swim(node_id, "", incarnation, swim_cfg, clock, runtime.fork_rng())
         #: The swarm's revocation list as this node knows it (node/security/revocation.py).
         self.revocations = Revocations.none()
         self.ca_pem = ca_pem
@@ -96,7 +98,7 @@ class Peers:
             self.swim.check_signature = signature_holds  # an accuser's, on a suspicion
         self.view = MemberView(self.swim)
         self.membership = Membership(
-            self.swim, transport, clock, self._members_changed, attach=self._attachment
+            self.swim, transport, runtime, self._members_changed, attach=self._attachment
         )
         #: The neighbours and the links to them (the one topology update, shared with the
         #: simulator).
@@ -262,7 +264,8 @@ class Peers:
         Raises:
             JoinError: an address refused us (the task differs, say), or none answered.
         """
-        deadline = time.monotonic() + timeout_s
+        clock = self.runtime.clock
+        deadline = clock.now() + timeout_s
 
         async def through(address: str) -> str:
             delay = 0.1
@@ -273,15 +276,15 @@ class Peers:
                 except Rejected as err:
                     if err.reason not in _RETRYABLE:
                         raise JoinError(f"{address} refused us: {err}") from err
-                    if time.monotonic() > deadline:
+                    if clock.now() > deadline:
                         raise JoinError(f"{address} is not taking members: {err}") from err
                 except HandshakeFailed as err:
                     raise JoinError(f"{address} refused us: {err}") from err
                 except Unreachable as err:
-                    if time.monotonic() > deadline:
+                    if clock.now() > deadline:
                         raise JoinError(f"{address} did not answer: {err}") from err
                 log.debug("waiting for %s to answer", address)  # the node counts down
-                await asyncio.sleep(delay)
+                await self.runtime.sleep(delay)
                 delay = min(2 * delay, 2.0)
 
         pending = {asyncio.create_task(through(a)) for a in dict.fromkeys(addresses)}
@@ -340,6 +343,7 @@ class Peers:
             self.gossiper.snapshot,
             self.link_cfg,
             self.counters,
+            self.runtime,
             on_change=self._on_links_change,
         )
         link.start()

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from gossip.clock import Clock
+from node.runtime import SystemClock
 from node.tasks.base import Task, evaluate_task
 
 __all__ = [
@@ -103,7 +105,7 @@ class EvalResult:
         step: the step of the model it saw.
         loss: mean loss on the eval data.
         accuracy: top-1 accuracy on the eval data.
-        time: ``time.monotonic()`` when it ended.
+        time: when it ended, on the trainer's clock.
         after_budget: made after the step budget was spent (the model then moves by gossip
             alone).
     """
@@ -224,6 +226,7 @@ class Trainer:
         on_done: Callable[[], None] = lambda: None,
         start_step: int = 0,
         on_rollback: Callable[[Rollback], None] = lambda rollback: None,
+        clock: Clock | None = None,
     ) -> None:
         if len(task.train) == 0:  # type: ignore[arg-type]
             raise ValueError("this node's training shard is empty")
@@ -231,6 +234,8 @@ class Trainer:
         self.device = device
         self.cfg = cfg
         self.model_lock = model_lock
+        #: Stamps each evaluation (the node's runtime clock, so that status ages agree with it).
+        self.clock: Clock = clock or SystemClock()
         self.optimizer = task.make_optimizer()
         #: The task's learning-rate schedule over the step budget (checkpointed with the rest).
         self.schedule = task.make_schedule(self.optimizer, cfg.steps)
@@ -294,7 +299,7 @@ class Trainer:
         with self.model_lock, torch.no_grad():
             loss, acc = evaluate_task(self.task, self.device)
             step = self.step
-        result = EvalResult(step, loss, acc, time.monotonic(), after_budget)
+        result = EvalResult(step, loss, acc, self.clock.now(), after_budget)
         self.last_eval = result
         return result
 

@@ -8,7 +8,6 @@ for ``forgive_after_s`` after a ban starts over. Pure: time comes from an inject
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -22,7 +21,6 @@ __all__ = [
     "PenaltyConfig",
     "RateConfig",
     "RateLimiter",
-    "SystemClock",
     "held_back",
 ]
 
@@ -30,11 +28,6 @@ __all__ = [
 #: numbers, unknown senders and a node that is not ready are what honest peers meet during churn,
 #: so they never count.
 COUNTED_REASONS = frozenset(r for r, c in REFUSALS.items() if c.counts)
-
-
-class SystemClock:
-    def now(self) -> float:
-        return time.monotonic()
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import aiomqtt
 
+from node.runtime import Runtime
 from node.telemetry.mqtt_messages import OFFLINE, ONLINE, MqttConfig, parse_address, status_payload
 from node.telemetry.status import NodeStatus
 
@@ -93,6 +94,7 @@ class MqttBridge:
         status: the node's status now.
         join: called with the id and address of each announced member, once :meth:`follow`
             was called; it decides whether to join (and should not raise).
+        runtime: times outages and draws the reconnection back-off's jitter.
         clock: wall-clock time for the statuses' ``time``.
     """
 
@@ -102,6 +104,7 @@ class MqttBridge:
         node_id: str,
         address: str,
         status: Callable[[], Awaitable[NodeStatus]],
+        runtime: Runtime,
         join: Callable[[str, str], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -111,8 +114,9 @@ class MqttBridge:
         self._status = status
         self._join = join
         self._clock = clock
+        self._monotonic = runtime.clock
         self.connected = False
-        self._backoff = Backoff(cfg.backoff_min_s, cfg.backoff_max_s)
+        self._backoff = Backoff(cfg.backoff_min_s, cfg.backoff_max_s, runtime.fork_rng())
         self._outage_since: float | None = None
         self._stopping = asyncio.Event()
         #: Set once the announcements the broker held have arrived, or the broker failed us.
@@ -177,7 +181,7 @@ class MqttBridge:
         self.connected = False
         self._synced.set()  # nobody should wait for announcements from a broker that is not there
         if self._outage_since is None:
-            self._outage_since = time.monotonic()
+            self._outage_since = self._monotonic.now()
             log.warning(
                 "MQTT broker %s: %s; telemetry paused, retrying with back-off (training goes on)",
                 self.cfg.broker,
@@ -217,7 +221,7 @@ class MqttBridge:
             log.info(
                 "MQTT broker %s is back after %.1f s",
                 self.cfg.broker,
-                time.monotonic() - self._outage_since,
+                self._monotonic.now() - self._outage_since,
             )
             self._outage_since = None
         else:

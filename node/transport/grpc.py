@@ -22,7 +22,8 @@ import grpc.aio
 from gossip.clock import Clock
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import SwimMessage
-from node.security.penalties import Penalties, SystemClock
+from node.runtime import SystemClock
+from node.security.penalties import Penalties
 from node.security.signing import RecordScreen
 from node.telemetry.status import NodeStatus
 from node.transport import wire

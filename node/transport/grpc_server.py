@@ -25,14 +25,8 @@ import grpc.aio
 from google.protobuf.message import DecodeError
 
 from gossip.swim import MemberRecord
-from node.security.penalties import (
-    LogLimiter,
-    Penalties,
-    RateConfig,
-    RateLimiter,
-    SystemClock,
-    held_back,
-)
+from node.runtime import SystemClock
+from node.security.penalties import LogLimiter, Penalties, RateConfig, RateLimiter, held_back
 from node.security.pki import CertificateRefused, NodeCertificates
 from node.security.signing import RecordScreen
 from node.transport import wire

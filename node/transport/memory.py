@@ -2,14 +2,19 @@
 
 It behaves like the gRPC transport where the node can tell (refusals arrive as the same
 :class:`Rejected`, an absent or failed peer as :class:`Unreachable`, snapshots in chunks), which the
-shared contract test checks. Tests and the simulator use it; a ``drop`` rule injects faults.
+shared contract test checks. Tests and the simulator use it; a ``drop`` rule loses messages
+and a ``delay`` rule holds them on the loop's clock (so on a virtual-time loop a delay costs no
+wall time). :class:`SeededFaults` makes both from one seed, as the simulator's lossy network
+does. A delta stream stays first in, first out whatever the delays, as an HTTP/2 stream is;
+independent calls (membership messages, a snapshot and a stream) overtake one another.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Coroutine
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import torch
@@ -19,7 +24,7 @@ from gossip.swim import SwimMessage
 from node.telemetry.status import NodeStatus
 from node.transport.base import Handler, Rejected, SnapshotChunk, Unreachable, iter_chunks
 
-__all__ = ["MemoryNetwork", "MemoryTransport"]
+__all__ = ["MemoryNetwork", "MemoryTransport", "SeededFaults"]
 
 T = TypeVar("T")
 
@@ -28,13 +33,67 @@ STREAM_TIMEOUT_S = 3600.0
 
 #: drop(caller_address, callee_address, message) -> True to lose the message.
 DropRule = Callable[[str, str, object], bool]
+#: delay(caller_address, callee_address, message) -> seconds before the callee sees it.
+DelayRule = Callable[[str, str, object], float]
+
+
+class SeededFaults:
+    """Loss and delay from one seed, so a run repeats exactly.
+
+    Args:
+        loss: the chance that a message of a ``lossy`` kind is lost (the sender sees
+            :class:`Unreachable`, as a gRPC call or stream that breaks).
+        delay_s: each message is held a time drawn uniformly from this range; a spread lets
+            independent messages overtake one another.
+        seed: seeds the one RNG that both rules draw from.
+        lossy: the kinds of message that may be lost; by default deltas and membership
+            messages, as in the simulator-daemon contract test (a lost snapshot or hello is a
+            failed call, which those already cover).
+    """
+
+    def __init__(
+        self,
+        loss: float = 0.0,
+        delay_s: tuple[float, float] = (0.0, 0.0),
+        seed: int = 0,
+        lossy: tuple[type, ...] = (Delta, SwimMessage),
+    ) -> None:
+        if not 0.0 <= loss < 1.0:
+            raise ValueError(f"loss must be in [0, 1), not {loss}")
+        if not 0.0 <= delay_s[0] <= delay_s[1]:
+            raise ValueError(
+                f"delay_s must be a range (low, high) with 0 <= low <= high: {delay_s}"
+            )
+        self.loss = loss
+        self.delay_s = delay_s
+        self.lossy = lossy
+        self._rng = random.Random(seed)
+        self.lost = 0
+
+    def drop(self, caller: str, callee: str, message: object) -> bool:
+        if self.loss and isinstance(message, self.lossy) and self._rng.random() < self.loss:
+            self.lost += 1
+            return True
+        return False
+
+    def delay(self, caller: str, callee: str, message: object) -> float:
+        low, high = self.delay_s
+        return self._rng.uniform(low, high) if high > 0 else 0.0
 
 
 class MemoryNetwork:
-    """The address book of every in-memory node; ``drop`` decides which messages get lost."""
+    """The address book of every in-memory node; ``drop`` decides which messages get lost,
+    ``delay`` how long each is held (waiting with ``sleep``, the loop's by default)."""
 
-    def __init__(self, drop: DropRule | None = None) -> None:
+    def __init__(
+        self,
+        drop: DropRule | None = None,
+        delay: DelayRule | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.drop = drop
+        self.delay = delay
+        self._sleep = sleep
         self._handlers: dict[str, Handler] = {}
         self._ids = itertools.count()
 
@@ -56,6 +115,15 @@ class MemoryNetwork:
             raise Unreachable(f"message from {caller} to {callee} was lost")
         return handler
 
+    async def carry(
+        self, caller: str, callee: str, message: object, call: Callable[[], Coroutine[Any, Any, T]]
+    ) -> T:
+        """Run the handler's ``call`` once ``message`` has been held its delay."""
+        delay_s = self.delay(caller, callee, message) if self.delay is not None else 0.0
+        if delay_s > 0:
+            await self._sleep(delay_s)
+        return await call()
+
 
 class MemoryTransport:
     def __init__(self, network: MemoryNetwork) -> None:
@@ -68,11 +136,15 @@ class MemoryTransport:
 
     async def call_hello(self, address: str, hello: Hello, timeout_s: float) -> Hello:
         handler = self.network.route(self.address, address, hello)
-        return await _within(handler.rpc_hello(hello), timeout_s)
+        call = self.network.carry(self.address, address, hello, lambda: handler.rpc_hello(hello))
+        return await _within(call, timeout_s)
 
     async def call_push_delta(self, address: str, delta: Delta, timeout_s: float) -> int:
         handler = self.network.route(self.address, address, delta)
-        return await _within(handler.rpc_push_delta(delta), timeout_s)
+        call = self.network.carry(
+            self.address, address, delta, lambda: handler.rpc_push_delta(delta)
+        )
+        return await _within(call, timeout_s)
 
     async def open_delta_stream(self, address: str) -> MemoryDeltaStream:
         return MemoryDeltaStream(self, address)
@@ -86,7 +158,10 @@ class MemoryTransport:
             for chunk in iter_chunks(values):
                 yield chunk
 
-        return await _within(handler.rpc_push_snapshot(header, chunks()), timeout_s)
+        call = self.network.carry(
+            self.address, address, header, lambda: handler.rpc_push_snapshot(header, chunks())
+        )
+        return await _within(call, timeout_s)
 
     async def call_status(self, address: str, timeout_s: float) -> NodeStatus:
         handler = self.network.route(self.address, address, "status")
@@ -94,7 +169,10 @@ class MemoryTransport:
 
     async def call_swim(self, address: str, message: SwimMessage, timeout_s: float) -> str:
         handler = self.network.route(self.address, address, message)
-        return await _within(handler.rpc_swim(PROTOCOL_VERSION, message), timeout_s)
+        call = self.network.carry(
+            self.address, address, message, lambda: handler.rpc_swim(PROTOCOL_VERSION, message)
+        )
+        return await _within(call, timeout_s)
 
     async def call_pull_model(
         self, address: str, requester: str, timeout_s: float
@@ -159,8 +237,10 @@ class MemoryDeltaStream:
         if self._failure is not None:
             raise self._failure
         try:
-            handler = self.transport.network.route(self.transport.address, self.address, delta)
-            self._acks.put_nowait(await _within(handler.rpc_push_delta(delta), STREAM_TIMEOUT_S))
+            network, caller = self.transport.network, self.transport.address
+            handler = network.route(caller, self.address, delta)
+            call = network.carry(caller, self.address, delta, lambda: handler.rpc_push_delta(delta))
+            self._acks.put_nowait(await _within(call, STREAM_TIMEOUT_S))
         except (Rejected, Unreachable) as err:
             self._failure = err
             self._acks.put_nowait(err)

@@ -21,6 +21,7 @@ import pytest
 from node.cli.monitor import MonitorConfig, SwarmBoard, run_monitor
 from node.config import NodeConfig
 from node.daemon.node import Node
+from node.runtime import Runtime
 from node.telemetry.mqtt import Backoff, MqttBridge
 from node.telemetry.mqtt_messages import (
     MqttConfig,
@@ -292,7 +293,7 @@ async def test_discovery_ignores_bad_announcements_and_joins_live_members(
         await pub.publish(cfg.topic("early", "online"), b"true", qos=1, retain=True)
         await pub.publish(cfg.topic("dead", "address"), b"127.0.0.1:7002", qos=1, retain=True)
         await pub.publish(cfg.topic("dead", "online"), b"false", qos=1, retain=True)
-        bridge = MqttBridge(cfg, "me" * 16, "127.0.0.1:7000", status, join)
+        bridge = MqttBridge(cfg, "me" * 16, "127.0.0.1:7000", status, Runtime.on_loop(), join)
         bridge.start()
         try:
             assert await bridge.announced() == ["127.0.0.1:7001"]
