@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -325,7 +326,12 @@ class Node:
             port = self.cfg.metrics_port
             try:
                 self.metrics_server = MetricsServer.start(
-                    self.status, host, port, tls if self.cfg.metrics_tls else None, self.readiness
+                    self.status,
+                    host,
+                    port,
+                    tls if self.cfg.metrics_tls else None,
+                    self.readiness,
+                    self.counters.histograms,
                 )
             except OSError as err:
                 raise OSError(f"cannot serve metrics on {host}:{port}: {err.strerror}") from err
@@ -766,8 +772,9 @@ class Node:
         with self._round_lock:
             if not self._pacer.begin(step):
                 return False
+        began = time.perf_counter()
         fut = self.gossiper.submit_round(step)
-        fut.add_done_callback(self._on_loop(self._round_made))
+        fut.add_done_callback(self._on_loop(functools.partial(self._round_made, began)))
         return True
 
     def _links_changed(self) -> None:
@@ -778,7 +785,7 @@ class Node:
         if not self.trainer.running:
             self.notify_change()  # the start of training waits for links to come up
 
-    def _round_made(self, fut: Future[Delta | None]) -> None:
+    def _round_made(self, began: float, fut: Future[Delta | None]) -> None:
         try:
             if fut.cancelled():
                 return
@@ -790,6 +797,7 @@ class Node:
             if delta is None:
                 return
             self.counters.rounds += 1
+            self.counters.histograms.round_seconds.observe(time.perf_counter() - began)
             self.notify_change()
             self.peers.offer(delta)
         finally:
