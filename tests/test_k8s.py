@@ -231,6 +231,22 @@ def test_the_service_monitor_scrapes_each_nodes_metrics_port_as_the_pods_serve_i
     assert SCRAPE_TIMEOUT_S < seconds(endpoint["scrapeTimeout"]) <= seconds(endpoint["interval"])
 
 
+def test_the_readmes_kubectl_commands_apply_the_folders_checked_here() -> None:
+    """No cluster here to run them on: each ``kubectl apply`` the README shows names a folder
+    of manifests that the tests above check, in the namespace they are checked for."""
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"`(kubectl apply [^`]*)`", readme)
+    assert "kubectl apply -n swarm -f deploy/k8s/" in commands
+    assert "kubectl apply -n swarm -f deploy/k8s/monitoring/" in commands
+    for command in commands:
+        words = command.split()
+        folder = ROOT / words[words.index("-f") + 1]
+        assert folder.is_dir(), command
+        assert sorted(folder.glob("*.yaml")), command
+        if "-n" in words:
+            assert words[words.index("-n") + 1] == NAMESPACE, command
+
+
 def test_the_certificate_job_issues_every_node_and_keeps_keys_when_rerun(tmp_path: Path) -> None:
     job = applied()["Job", "murmur-certs"]
     [issue] = job["spec"]["template"]["spec"]["initContainers"]
