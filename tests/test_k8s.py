@@ -20,6 +20,7 @@ from node.cli.commands.run import build_node_config
 from node.cli.main import make_parser
 from node.config import NodeConfig
 from node.security.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE
+from node.telemetry.metrics import SCRAPE_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
@@ -185,6 +186,66 @@ def test_the_pods_ports_probes_and_volumes_fit_together() -> None:
     policy = objects["NetworkPolicy", "murmur"]
     opened = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
     assert opened == {ports["grpc"], ports["metrics"]}
+
+
+#: The ServiceMonitor fields these manifests use (monitoring.coreos.com/v1; the offline
+#: validator has no schema for custom resources, so the test holds to this list).
+MONITOR_SPEC_FIELDS = {"selector", "endpoints", "namespaceSelector", "jobLabel"}
+MONITOR_ENDPOINT_FIELDS = {"port", "path", "scheme", "interval", "scrapeTimeout"}
+
+
+def seconds(duration: str) -> float:
+    match = re.fullmatch(r"(\d+)(s|m)", duration)
+    assert match, f"not a duration Prometheus takes here: {duration!r}"
+    return int(match[1]) * (60 if match[2] == "m" else 1)
+
+
+def test_the_service_monitor_scrapes_each_nodes_metrics_port_as_the_pods_serve_it() -> None:
+    [monitor] = documents(K8S / "monitoring" / "servicemonitor.yaml")
+    objects = applied()
+    service = objects["Service", "murmur"]
+    pod = objects["StatefulSet", "murmur"]["spec"]["template"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["kind"] == "ServiceMonitor"
+    assert set(monitor) == {"apiVersion", "kind", "metadata", "spec"}
+    # Its metadata is an ObjectMeta like any object's: check it with the schemas' own.
+    meta_only = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": monitor["metadata"]}
+    kubernetes_validate.validate(meta_only, KUBERNETES_VERSION, strict=True)
+    spec = monitor["spec"]
+    assert set(spec) <= MONITOR_SPEC_FIELDS
+    # It selects the headless Service, and no other Service these manifests make.
+    wanted = spec["selector"]["matchLabels"].items()
+    services = [o for (kind, _), o in objects.items() if kind == "Service"]
+    assert [s for s in services if wanted <= s["metadata"]["labels"].items()] == [service]
+    port_names = {p["name"] for p in service["spec"]["ports"]}
+    annotations = pod["metadata"]["annotations"]
+    [endpoint] = spec["endpoints"]
+    assert set(endpoint) <= MONITOR_ENDPOINT_FIELDS
+    assert endpoint["port"] in port_names
+    assert endpoint["port"] == "metrics"
+    assert endpoint["path"] == annotations["prometheus.io/path"] == "/metrics"
+    # The pods serve plain HTTP (no --metrics-tls); a scrape may wait SCRAPE_TIMEOUT_S for
+    # the node's status.
+    [container] = pod["spec"]["containers"]
+    assert "--metrics-tls" not in container["args"]
+    assert endpoint["scheme"] == "http"
+    assert SCRAPE_TIMEOUT_S < seconds(endpoint["scrapeTimeout"]) <= seconds(endpoint["interval"])
+
+
+def test_the_readmes_kubectl_commands_apply_the_folders_checked_here() -> None:
+    """No cluster here to run them on: each ``kubectl apply`` the README shows names a folder
+    of manifests that the tests above check, in the namespace they are checked for."""
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"`(kubectl apply [^`]*)`", readme)
+    assert "kubectl apply -n swarm -f deploy/k8s/" in commands
+    assert "kubectl apply -n swarm -f deploy/k8s/monitoring/" in commands
+    for command in commands:
+        words = command.split()
+        folder = ROOT / words[words.index("-f") + 1]
+        assert folder.is_dir(), command
+        assert sorted(folder.glob("*.yaml")), command
+        if "-n" in words:
+            assert words[words.index("-n") + 1] == NAMESPACE, command
 
 
 def test_the_certificate_job_issues_every_node_and_keeps_keys_when_rerun(tmp_path: Path) -> None:

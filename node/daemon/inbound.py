@@ -125,6 +125,7 @@ class Inbound:
         except (GossipError, CodecError) as err:
             self.refuse(reason_of(err), str(err), d.sender)
         self.received(d.sender, nbytes)
+        self.counters.histograms.delta_bytes.observe(nbytes)
         return seq
 
     def open_snapshot(self, header: SnapshotHeader) -> Steps[None]:

@@ -232,7 +232,7 @@ class Node:
             self.trainer,
             self.counters,
             signals,
-            runtime.sleep,
+            runtime,
         )
         self.joiner = Joiner(
             cfg,
@@ -360,7 +360,9 @@ class Node:
         self.peers.set_address(self.address)
         self.status_builder.address = self.address
         self.peers.membership.start()
-        self.metrics_server = serve_metrics(self.cfg, self.status, self.readiness)
+        self.metrics_server = serve_metrics(
+            self.cfg, self.status, self.readiness, self.counters.histograms
+        )
         self.metrics = MetricsLog(self.cfg.state_dir / METRICS_FILE)
         self.keeper.metrics = self.joiner.metrics = self.evals.metrics = self.metrics
         self.metrics.write(

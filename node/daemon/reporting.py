@@ -13,6 +13,7 @@ from node.daemon.signals import Signals
 from node.daemon.trainer import EvalResult, Trainer
 from node.security.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE
 from node.telemetry.events import Counters, MetricsLog
+from node.telemetry.histograms import NodeHistograms
 from node.telemetry.metrics import MetricsServer, MetricsTls, metrics_host
 from node.telemetry.status import NodeStatus
 
@@ -25,6 +26,7 @@ def serve_metrics(
     cfg: NodeConfig,
     status: Callable[[], Awaitable[NodeStatus]],
     readiness: Callable[[], str | None],
+    histograms: NodeHistograms,
 ) -> MetricsServer | None:
     """The metrics endpoint (``/metrics``, ``/healthz``, ``/readyz``) if ``cfg`` asks for one.
 
@@ -38,7 +40,8 @@ def serve_metrics(
     host = cfg.metrics_host or metrics_host(cfg.listen)
     port = cfg.metrics_port
     try:
-        return MetricsServer.start(status, host, port, tls if cfg.metrics_tls else None, readiness)
+        tls_or_none = tls if cfg.metrics_tls else None
+        return MetricsServer.start(status, host, port, tls_or_none, readiness, histograms)
     except OSError as err:
         raise OSError(f"cannot serve metrics on {host}:{port}: {err.strerror}") from err
 

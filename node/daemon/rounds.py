@@ -10,14 +10,15 @@ after each step, and the event loop, which learns when links go busy or idle; he
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Protocol
 
 from gossip.messages import Delta
 from gossip.mixing import RoundPacer
 from node.daemon.signals import Signals
+from node.runtime import Runtime
 from node.telemetry.events import Counters
 
 __all__ = ["RoundScheduler"]
@@ -56,7 +57,7 @@ class RoundScheduler:
     trainer: the step an idle round is made at, and whether training runs.
     counters: counts the rounds made.
     signals: told of every round made, and of a round that failed (the node fails).
-    sleep: how the idle rounds wait.
+    runtime: how the idle rounds wait, and the clock rounds are timed on.
     """
 
     def __init__(
@@ -67,14 +68,15 @@ class RoundScheduler:
         trainer: Steps,
         counters: Counters,
         signals: Signals,
-        sleep: Callable[[float], Awaitable[None]],
+        runtime: Runtime,
     ) -> None:
         self.worker = worker
         self.links = links
         self.trainer = trainer
         self.counters = counters
         self.signals = signals
-        self.sleep = sleep
+        self.sleep = runtime.sleep
+        self.clock = runtime.clock
         self._lock = threading.Lock()
         self._pacer = RoundPacer(local_steps)
 
@@ -96,8 +98,9 @@ class RoundScheduler:
         with self._lock:
             if not self._pacer.begin(step):
                 return False
+        began = self.clock.now()
         fut = self.worker.submit_round(step)
-        fut.add_done_callback(self.signals.on_loop(self._round_made))
+        fut.add_done_callback(self.signals.on_loop(functools.partial(self._round_made, began)))
         return True
 
     def links_changed(self) -> None:
@@ -108,7 +111,7 @@ class RoundScheduler:
         if not self.trainer.running:
             self.signals.changed()  # the start of training waits for links to come up
 
-    def _round_made(self, fut: Future[Delta | None]) -> None:
+    def _round_made(self, began: float, fut: Future[Delta | None]) -> None:
         try:
             if fut.cancelled():
                 return
@@ -120,6 +123,7 @@ class RoundScheduler:
             if delta is None:
                 return
             self.counters.rounds += 1
+            self.counters.histograms.round_seconds.observe(self.clock.now() - began)
             self.signals.changed()
             self.links.offer(delta)
         finally:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from node.telemetry.histograms import NodeHistograms
+
 __all__ = ["Counters", "MetricsLog", "json_safe", "read_metrics"]
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ class Counters:
     rejected: Counter[str] = field(default_factory=Counter)
     #: Bytes received, by sender.
     received_from: Counter[str] = field(default_factory=Counter)
+    #: Distributions of what the node counts (round time, delta size), for the scrape.
+    histograms: NodeHistograms = field(default_factory=NodeHistograms)
 
 
 def json_safe(value: Any) -> Any:

@@ -12,25 +12,39 @@ node-wide ``_total`` counters keep counting.
 :data:`HEALTH_TIMEOUT_S` (503 when the loop is wedged or gone): liveness. ``/readyz`` answers 200
 once the node says it is ready (joined, training, its links up) and 503 with the reason on one
 line otherwise: readiness. Both go through the event loop as a scrape does.
+
+Beside the status: ``murmur_build_info`` (versions and device, always 1), the node's histograms
+(:mod:`node.telemetry.histograms`), and the client library's process and Python runtime metrics
+(``process_*``: CPU seconds, resident memory, open files; ``python_info``, ``python_gc_*``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import platform
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from threading import Thread
 from wsgiref.simple_server import WSGIServer
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gossip.swim import Status
+from node.telemetry.histograms import NodeHistograms
 from node.telemetry.status import NodeStatus
 
 __all__ = ["MetricsServer", "MetricsTls", "metrics_host", "status_metrics"]
@@ -48,9 +62,29 @@ def _gauge(name: str, doc: str, value: float, labels: dict[str, str] | None = No
     return family
 
 
+@cache
+def build_versions() -> tuple[str, str, str]:
+    """murmur's, Python's and torch's versions ("unknown" for a package not installed)."""
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "unknown"
+
+    return of("murmur"), platform.python_version(), of("torch")
+
+
 def status_metrics(s: NodeStatus) -> list[Metric]:
     """The metric families of one status."""
     out: list[Metric] = []
+    build = GaugeMetricFamily(
+        "murmur_build_info",
+        "The software this node runs and its device (always 1).",
+        labels=["version", "python", "torch", "device"],
+    )
+    build.add_metric([*build_versions(), s.device], 1.0)
+    out.append(build)
     info = GaugeMetricFamily(
         "murmur_node_info",
         "Who this node is (always 1).",
@@ -290,11 +324,13 @@ class MetricsServer:
         port: int,
         tls: MetricsTls | None = None,
         readiness: Callable[[], str | None] = lambda: None,
+        histograms: NodeHistograms | None = None,
     ) -> MetricsServer:
         """Call from the node's event loop; ``port`` 0 picks a free one (see :attr:`port`).
 
         ``readiness`` runs on the event loop for each ``/readyz``: None when the node is ready,
-        else the reason it is not (one line).
+        else the reason it is not (one line). ``histograms`` are served as they are (the
+        node observes into them where each sample happens).
 
         Raises:
             OSError: the address cannot be bound.
@@ -302,6 +338,13 @@ class MetricsServer:
         registry = CollectorRegistry(auto_describe=False)
         loop = asyncio.get_running_loop()
         registry.register(_StatusCollector(status, loop))
+        if histograms is not None:
+            registry.register(histograms)
+        # The process and runtime figures every Prometheus client serves by default; the
+        # default registry is not ours (several nodes may share a process), so they join ours.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
         if tls is None:
             server, thread = start_http_server(port, host, registry=registry)
         else:

@@ -14,6 +14,7 @@ from gossip.codecs import get_codec
 from gossip.messages import Delta
 from node.daemon.rounds import RoundScheduler
 from node.daemon.signals import Signals
+from node.runtime import Runtime
 from node.telemetry.events import Counters
 
 TIMEOUT_S = 5.0
@@ -52,7 +53,9 @@ def delta(seq: int) -> Delta:
 async def scheduler(local_steps: int) -> tuple[RoundScheduler, Worker, Links, Counters, Signals]:
     worker, links, counters, signals = Worker(), Links(), Counters(), Signals("test")
     signals.bind(asyncio.get_running_loop())
-    rounds = RoundScheduler(local_steps, worker, links, Steps(), counters, signals, asyncio.sleep)
+    rounds = RoundScheduler(
+        local_steps, worker, links, Steps(), counters, signals, Runtime.on_loop()
+    )
     return rounds, worker, links, counters, signals
 
 

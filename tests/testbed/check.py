@@ -11,9 +11,10 @@ once one node (``node-1``) has written a checkpoint mid-run, kills its container
 once the broker and the other nodes have seen it go, starts the container again. It checks that
 the node resumed from its checkpoint (its log says at which step), rejoined (the others list it
 alive with a new incarnation, and it gossips again), that every node reaches the accuracy target,
-that the straggler was still training when the first fast node was done, and that the broker
-received every node's status; then it stops the testbed (each node writes its final checkpoint
-and exits 0) and writes the report with ``murmur report``.
+that the straggler was still training when the first fast node was done, that the broker
+received every node's status, and (with ``--prometheus``) that the testbed's Prometheus scraped
+every node (:mod:`tests.testbed.prometheus`); then it stops the testbed (each node writes its
+final checkpoint and exits 0) and writes the report with ``murmur report``.
 
 Everything it waits for is announced (a status on the broker, a line in a container's log, a
 container's exit) except the checkpoint, which only the metrics log in the node's state dir
@@ -42,6 +43,7 @@ import aiomqtt
 from node.cli.report import REPORT_FILE
 from node.telemetry.mqtt import make_client
 from node.telemetry.mqtt_messages import OFFLINE, ONLINE, MqttConfig, parse_status
+from tests.testbed.prometheus import SCRAPED, scraped_nodes
 
 T = TypeVar("T")
 
@@ -69,6 +71,7 @@ class CheckConfig:
     broker: str  # host:port the broker is published on
     target: float
     report_dir: Path
+    prometheus: str | None = None  # host:port of the testbed's Prometheus; None: not checked
     swarm: str = "testbed"
     start_timeout_s: float = 180.0
     event_timeout_s: float = 120.0
@@ -300,6 +303,19 @@ class Run:
         self.summary["straggler_step_when_first_fast_node_done"] = step
         check(step < self.cfg.steps, "the straggler was done when the first fast node was")
 
+    async def check_prometheus(self) -> None:
+        """Prometheus scrapes every node: each one's series of SCRAPED are there."""
+        server = self.cfg.prometheus
+        assert server is not None
+        ids = self.ids
+        instances = await poll(
+            lambda: scraped_nodes(server, ids),
+            f"Prometheus at {server} to hold every node's {', '.join(SCRAPED)}",
+            self.cfg.event_timeout_s,
+        )
+        self.summary["prometheus_targets"] = len(instances)
+        self.say(f"Prometheus scraped every node ({len(instances)} targets, {len(SCRAPED)} series)")
+
     async def crash_and_restart(self) -> None:
         """Kill the victim's container once it has a checkpoint from well into its run, wait for
         the swarm to see it die, start the container again, and see it resume and rejoin."""
@@ -420,13 +436,16 @@ class Run:
 async def drive(cfg: CheckConfig, board: Board) -> dict[str, Any]:
     testbed = Run(cfg, board)
     await testbed.start()
-    straggler = asyncio.create_task(testbed.watch_straggler())
+    side = [asyncio.create_task(testbed.watch_straggler())]
+    if cfg.prometheus is not None:
+        side.append(asyncio.create_task(testbed.check_prometheus()))
     try:
         await testbed.crash_and_restart()
         await testbed.finish()
-        await straggler
+        await asyncio.gather(*side)
     finally:
-        straggler.cancel()
+        for task in side:
+            task.cancel()
     await testbed.stop_and_report()
     testbed.summary["seconds"] = round(time.monotonic() - testbed.t0, 1)
     return testbed.summary
@@ -471,6 +490,7 @@ def main() -> int:
     p.add_argument("--broker", required=True, metavar="HOST:PORT")
     p.add_argument("--target", type=float, default=0.93, help="accuracy every node must reach")
     p.add_argument("--report-dir", type=Path, required=True)
+    p.add_argument("--prometheus", metavar="HOST:PORT", help="the testbed's Prometheus, checked")
     args = p.parse_args()
     cfg = CheckConfig(
         compose=tuple(shlex.split(args.compose)),
@@ -479,6 +499,7 @@ def main() -> int:
         broker=args.broker,
         target=args.target,
         report_dir=args.report_dir,
+        prometheus=args.prometheus,
     )
     return asyncio.run(main_async(cfg))
 

@@ -1,0 +1,38 @@
+"""scripts/testbed's CI stage where Docker cannot run: it says so at once, before it installs a
+package or builds an image."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Long enough for bash and a `docker info` that finds no engine; far shorter than installing.
+QUICK_S = 20.0
+
+
+def test_the_ci_stage_in_an_unprivileged_container_names_the_cause_at_once(tmp_path: Path) -> None:
+    # No engine answers (a socket nobody listens on), so the stage would have to start its own.
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock", "TESTBED_PROJECT": "ops-t"}
+    argv = ["bash", "scripts/testbed", "ci"]
+    if os.geteuid() == 0:
+        # Root without the capabilities dockerd needs: what an unprivileged container has.
+        capsh = shutil.which("capsh")
+        assert capsh, "capsh (libcap2-bin) drops the capabilities here"
+        argv = [capsh, "--drop=cap_sys_admin,cap_net_admin", "--", "-c", "bash scripts/testbed ci"]
+        cause = "unprivileged container (no CAP_SYS_ADMIN or CAP_NET_ADMIN)"
+    else:
+        cause = "starting one needs root"
+    began = time.monotonic()
+    done = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=QUICK_S, check=False
+    )
+    assert done.returncode == 1, done.stderr
+    assert "cannot run Docker here" in done.stderr
+    assert cause in " ".join(done.stderr.split())
+    assert "installing" not in done.stderr  # nothing was installed, nothing built
+    assert "base image" not in done.stderr
+    assert time.monotonic() - began < QUICK_S
