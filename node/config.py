@@ -142,10 +142,12 @@ class NodeConfig:
         seed: the swarm's seed (initial model, data split); every node must use the same.
         threads: torch intra-op threads; None leaves torch's default.
         wait_members: start training once this many members (self included) are known.
-        wait_timeout_s: start training anyway after this long, with a warning.
+        wait_timeout_s: give up a join, and start training anyway, after this long (with a
+            warning); None waits for ever (a node whose swarm must exist, as in a fleet).
         snapshot_grace_s: once every edge of ours is up, wait at most this long (or as long as
             ours took, if longer) for neighbours' own public copies, then start without them.
-        checkpoint_interval_s: how often the node writes its checkpoint while it runs.
+        checkpoint_interval_s: how often the node writes its checkpoint while it runs; None
+            writes one only when it stops.
         insecure: plain TCP instead of mutual TLS (trusted networks only).
         tls_dir: where node_key.pem, node_cert.pem and ca_cert.pem are (``murmur ca issue``
             makes them); defaults to the state dir.
@@ -175,9 +177,9 @@ class NodeConfig:
     seed: int = 0
     threads: int | None = None
     wait_members: int = 1
-    wait_timeout_s: float = 60.0
+    wait_timeout_s: float | None = 60.0
     snapshot_grace_s: float = 10.0
-    checkpoint_interval_s: float = 30.0
+    checkpoint_interval_s: float | None = 30.0
     insecure: bool = False
     tls_dir: Path | None = None
     metrics_port: int | None = None
@@ -197,8 +199,10 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.shard_index < self.shard_count:
             raise ValueError(f"shard {self.shard_index}/{self.shard_count} is out of range")
-        if self.checkpoint_interval_s <= 0:
-            raise ValueError("checkpoint_interval_s must be positive")
+        if self.checkpoint_interval_s is not None and self.checkpoint_interval_s <= 0:
+            raise ValueError("checkpoint_interval_s must be positive (None: none while running)")
+        if self.wait_timeout_s is not None and self.wait_timeout_s < 0:
+            raise ValueError("wait_timeout_s must not be negative (None: wait for ever)")
         if self.summary_interval_s < 0:
             raise ValueError("summary_interval_s must not be negative (0 turns summaries off)")
         for address in (self.listen, *self.join, *filter(None, [self.advertise])):

@@ -16,10 +16,19 @@ path (``MURMUR_WAIT_MEMBERS``, ``MURMUR_GOSSIP__CODEC``) or a flag's name (``MUR
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import NoDecode
 
 __all__ = [
@@ -86,8 +95,32 @@ AtLeastOne = Annotated[int, Field(ge=1)]
 Fraction = Annotated[float, Field(ge=0, lt=1)]
 
 
+#: The words that turn an optional setting off (its value None), in a file, the environment or a
+#: flag alike: TOML has no null, and ``--wait-timeout none`` reads better than a huge number.
+OFF_WORDS = ("none", "off")
+
+
+def _allows_none(annotation: Any) -> bool:
+    return annotation is type(None) or any(_allows_none(a) for a in typing.get_args(annotation))
+
+
 class _Schema(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _off(cls, value: Any, info: ValidationInfo) -> Any:
+        """``none`` or ``off`` for a setting that may be None (a literal such as the codec
+        ``none`` is a value of its own, and stays one)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if (
+            isinstance(value, str)
+            and value.strip().lower() in OFF_WORDS
+            and field is not None
+            and _allows_none(field.annotation)
+        ):
+            return None
+        return value
 
 
 class TrainerSettings(_Schema):
@@ -228,15 +261,17 @@ class RunSettings(_Schema):
     wait_members: AtLeastOne = Field(
         1, description="start training once this many members (self included) are known"
     )  # 1: a first node starts at once
-    wait_timeout_s: Annotated[float, Field(ge=0)] = Field(
-        60.0, description="seconds to wait for a join and for members, then go on"
+    wait_timeout_s: Annotated[float, Field(ge=0)] | None = Field(
+        60.0, description="seconds to wait for a join and for members, then go on (none: for ever)"
     )
     snapshot_grace_s: Annotated[float, Field(ge=0)] = Field(
         10.0,
         description="once our edges are up, seconds to wait for neighbours' own copies "
         "(at least as long as ours took), then start without them",
     )
-    checkpoint_interval_s: Positive = Field(30.0, description="seconds between checkpoints")
+    checkpoint_interval_s: Positive | None = Field(
+        30.0, description="seconds between checkpoints (none: only the one at the stop)"
+    )
     summary_interval_s: Annotated[float, Field(ge=0)] = Field(  # a line per 10 s reads well
         10.0, description="seconds between summary lines in the log; 0 for none"
     )

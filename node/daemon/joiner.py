@@ -9,6 +9,7 @@ from members until two agree, so that it starts near consensus.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 import torch
@@ -110,9 +111,11 @@ class Joiner:
             more = bool(self.cfg.join) or discovery
             timeout_s = self.cfg.wait_timeout_s
             try:
-                return await self._join(
-                    remembered, min(REJOIN_TIMEOUT_S, timeout_s) if more else timeout_s
-                )
+                if more:  # the rest get their turn
+                    timeout_s = (
+                        REJOIN_TIMEOUT_S if timeout_s is None else min(REJOIN_TIMEOUT_S, timeout_s)
+                    )
+                return await self._join(remembered, timeout_s)
             except JoinError as err:
                 failed.append(f"the {len(remembered)} remembered member(s): {err}")
                 log.warning(
@@ -154,16 +157,18 @@ class Joiner:
             log.warning("no member announced on the MQTT broker answered (%s); alone", err)
             return None
 
-    async def _join(self, addresses: Sequence[str], timeout_s: float) -> str:
-        """:meth:`Peers.join` within ``timeout_s``, with a countdown in the log while no
-        address answers."""
+    async def _join(self, addresses: Sequence[str], timeout_s: float | None) -> str:
+        """:meth:`Peers.join` within ``timeout_s`` (None: for ever), with a countdown in the
+        log while no address answers."""
         clock = self.runtime.clock
-        deadline = clock.now() + timeout_s
+        deadline = math.inf if timeout_s is None else clock.now() + timeout_s
         shown = ", ".join(addresses[:3]) + (
             f" and {len(addresses) - 3} more" if len(addresses) > 3 else ""
         )
 
         def describe() -> str:
+            if deadline == math.inf:
+                return f"node {self.node_id[:8]} joining through {shown}: no answer yet"
             left = fmt_duration(max(0.0, deadline - clock.now()))
             return (
                 f"node {self.node_id[:8]} joining through {shown}: no answer yet, "

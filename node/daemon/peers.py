@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
@@ -255,9 +256,9 @@ class Peers:
         await self.membership.settle()
         return self.hello()
 
-    async def join(self, addresses: Iterable[str], timeout_s: float) -> str:
+    async def join(self, addresses: Iterable[str], timeout_s: float | None) -> str:
         """Introduce ourselves through the first of ``addresses`` that takes us, retrying silent
-        ones until ``timeout_s``; one is enough, since its answer lists everyone.
+        ones until ``timeout_s`` (None: for ever); one is enough, since its answer lists everyone.
 
         Returns the address that took us.
 
@@ -265,7 +266,7 @@ class Peers:
             JoinError: an address refused us (the task differs, say), or none answered.
         """
         clock = self.runtime.clock
-        deadline = clock.now() + timeout_s
+        deadline = math.inf if timeout_s is None else clock.now() + timeout_s
 
         async def through(address: str) -> str:
             delay = 0.1

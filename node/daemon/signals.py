@@ -64,8 +64,9 @@ class Signals:
         change, self._change = self._change, asyncio.Event()
         change.set()
 
-    async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> None:
-        """Wait until ``predicate()`` holds, re-checking at every :meth:`changed`.
+    async def wait_until(self, predicate: Callable[[], bool], timeout_s: float | None) -> None:
+        """Wait until ``predicate()`` holds, re-checking at every :meth:`changed`; ``timeout_s``
+        None waits for ever.
 
         Raises:
             TimeoutError: it did not hold within ``timeout_s``.

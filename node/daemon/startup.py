@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 from gossip.clock import Clock
 from node.config import NodeConfig
@@ -47,7 +48,7 @@ async def wait_to_train(
     want = cfg.wait_members
     hood = peers.neighbourhood
     started = clock.now()
-    deadline = started + cfg.wait_timeout_s
+    deadline = math.inf if cfg.wait_timeout_s is None else started + cfg.wait_timeout_s
     grace_end: float | None = None
     gave_up: list[str] = []  # what was still missing when the grace ran out
 
@@ -93,6 +94,8 @@ async def wait_to_train(
         if not waiting:
             return None
         until = deadline if grace_end is None else min(deadline, grace_end)
+        if until == math.inf:
+            return f"node {node_id[:8]} waiting for {' and '.join(waiting)} (no time limit)"
         left = fmt_duration(max(0.0, until - clock.now()))
         return (
             f"node {node_id[:8]} waiting for {' and '.join(waiting)}; "

@@ -222,8 +222,11 @@ class StateKeeper:
             return True
 
     async def checkpoint_periodically(self) -> None:
+        interval_s = self.cfg.checkpoint_interval_s
+        if interval_s is None:  # only the final checkpoint, at the stop
+            return
         while True:
-            await self.sleep(self.cfg.checkpoint_interval_s)
+            await self.sleep(interval_s)
             await self.write_checkpoint()
 
     async def write_final_state(self, nbytes: int, status: Callable[[], NodeStatus]) -> None:

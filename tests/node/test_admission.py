@@ -186,7 +186,7 @@ class Live:
 async def live(ca: Path, tmp_path: Path) -> AsyncIterator[Live]:
     issue_node(ca, tmp_path / "node", "node")
     # Waits for a member that never comes: it serves, but neither trains nor gossips.
-    cfg = config(tmp_path / "node", insecure=False, wait_members=3, wait_timeout_s=3600)
+    cfg = config(tmp_path / "node", insecure=False, wait_members=3, wait_timeout_s=None)
     node = await Node.create(cfg)
     await node.start()
     yield Live(node, ca, tmp_path)

@@ -54,7 +54,7 @@ def good_delta(numel: int, seq: int) -> pb.Delta:
 @pytest.fixture
 async def target(tmp_path: Path) -> AsyncIterator[Target]:
     # Waits for a third member that never comes: it serves, but neither trains nor gossips.
-    node = await Node.create(config(tmp_path, wait_members=3, wait_timeout_s=3600))
+    node = await Node.create(config(tmp_path, wait_members=3, wait_timeout_s=None))
     await node.start()
     channel = grpc.aio.insecure_channel(node.address)
     stub = pb_grpc.MurmurStub(channel)  # type: ignore[no-untyped-call]

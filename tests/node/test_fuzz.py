@@ -138,7 +138,7 @@ def good_snapshot(numel: int, seq: int) -> pb.SnapshotChunk:
 
 async def _start(tmp_path: Path, penalties: PenaltyConfig, clock: ManualClock) -> Live:
     # Waits for a third member that never comes: it serves, but neither trains nor gossips.
-    node = await Node.create(config(tmp_path, wait_members=3, wait_timeout_s=3600))
+    node = await Node.create(config(tmp_path, wait_members=3, wait_timeout_s=None))
     node.service.penalties = Penalties(penalties, clock)
     await node.start()
     peer = SwimResponder(PEER_IDENTITY)

@@ -142,7 +142,7 @@ async def test_a_member_that_never_sends_its_copy_holds_the_start_only_for_the_g
     network = MemoryNetwork(
         drop=lambda caller, _, msg: caller == silent_address and isinstance(msg, SnapshotHeader)
     )
-    settings = {"trainer.steps": 100_000, "wait_timeout_s": 3600.0, "snapshot_grace_s": 0.5}
+    settings = {"trainer.steps": 100_000, "wait_timeout_s": None, "snapshot_grace_s": 0.5}
     async with memory_swarm(tmp_path, 3, settings, network) as nodes:
         a, b, silent = nodes
         assert silent.address == silent_address

@@ -104,7 +104,7 @@ async def lone(tmp_path: Path) -> AsyncIterator[Node]:
         insecure=False,
         tls_dir=tmp_path / "tls",
         wait_members=2,
-        wait_timeout_s=3600,
+        wait_timeout_s=None,
     )
     node = await Node.create(cfg)
     await node.start()

@@ -177,3 +177,21 @@ def test_the_names_the_cli_lists_without_torch_are_the_cores() -> None:
 def test_only_variables_with_the_prefix_are_read() -> None:
     s = load_settings(environ={"STEPS": "5", "HOME": "/x", ENV_PREFIX + "NAME": "node-1"})
     assert s == RunSettings()
+
+
+def test_none_or_off_turns_an_optional_setting_off_in_a_file_the_environment_or_a_flag(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text('wait-timeout = "none"\n[trainer]\nidle_eval_interval_s = "off"\n')
+    environ = {"MURMUR_CHECKPOINT_INTERVAL": "None"}
+    cfg = node_config(load_settings(path, environ=environ, flags={"gossip.gamma": "off"}))
+    assert cfg.wait_timeout_s is None
+    assert cfg.trainer.idle_eval_interval_s is None
+    assert cfg.checkpoint_interval_s is None
+    assert cfg.gossip.gamma is None
+    # A literal whose value is the word stays that value, and a setting that cannot be off
+    # says what it expects.
+    assert load_settings(flags={"gossip.codec": "none"}, environ={}).gossip.codec == "none"
+    with pytest.raises(SettingsError, match="--eval-every none: expected a whole number"):
+        load_settings(flags={"trainer.eval_every": "none"}, environ={})

@@ -42,7 +42,7 @@ class Swarm:
 @pytest.fixture
 async def swarm(tmp_path: Path) -> AsyncIterator[Swarm]:
     # Waits for a member that never comes: it serves and probes, but does not train.
-    node = await Node.create(config(tmp_path, wait_members=4, wait_timeout_s=3600))
+    node = await Node.create(config(tmp_path, wait_members=4, wait_timeout_s=None))
     await node.start()
     channel = grpc.aio.insecure_channel(node.address)
     stub = pb_grpc.MurmurStub(channel)  # type: ignore[no-untyped-call]

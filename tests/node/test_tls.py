@@ -51,7 +51,7 @@ class Swarm:
 async def swarm(tmp_path: Path) -> AsyncIterator[Swarm]:
     init_ca(tmp_path / "ca")
     issue_node(tmp_path / "ca", tmp_path / "node", "node")
-    cfg = config(tmp_path / "node", insecure=False, wait_members=2, wait_timeout_s=3600)
+    cfg = config(tmp_path / "node", insecure=False, wait_members=2, wait_timeout_s=None)
     node = await Node.create(cfg)
     await node.start()
     yield Swarm(node, tmp_path)
