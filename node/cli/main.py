@@ -143,6 +143,27 @@ def _add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         help=_h("gossip.local_steps"),
     )
     p.add_argument(
+        "--no-trigger",
+        dest="gossip.trigger",
+        action="store_false",
+        default=d,
+        help=_h("gossip.trigger", "gossip every round the links allow, even when idle", "on"),
+    )
+    p.add_argument(
+        "--trigger-threshold",
+        dest="gossip.trigger_threshold",
+        metavar="F",
+        default=d,
+        help=_h("gossip.trigger_threshold"),
+    )
+    p.add_argument(
+        "--heartbeat",
+        dest="gossip.heartbeat_s",
+        metavar="S",
+        default=d,
+        help=_h("gossip.heartbeat_s"),
+    )
+    p.add_argument(
         "--outer-lr",
         dest="gossip.outer_lr",
         metavar="LR",

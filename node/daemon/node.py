@@ -190,6 +190,7 @@ class Node:
             byzantine_fraction=g.byzantine_fraction,
             attack=g.attack,
             outer=OuterNesterov(g.outer_lr, g.outer_momentum) if g.outer_lr else None,
+            trigger=g.trigger_config,
         )
         trainer_cfg = dataclasses.replace(cfg.trainer, seed=cfg.seed * 1_000_003 + cfg.shard_index)
         self.trainer = Trainer(
