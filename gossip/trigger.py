@@ -45,6 +45,9 @@ __all__ = ["REASONS", "RoundTrigger", "TriggerConfig"]
 
 NodeId = str
 
+#: The most one movement counts for, in multiples of μ (μ may still grow by 30% a round).
+MAX_RISE = 4.0
+
 #: Why a round was made (``Round.reason``): ``always`` when the rule is off.
 REASONS = ("always", "first", "movement", "news", "heartbeat")
 
@@ -130,8 +133,14 @@ class RoundTrigger:
         moved = float(torch.linalg.vector_norm(current - self._after))
         self._after = current  # movement is counted once, from here on
         if moved > 0 and math.isfinite(moved):
+            if self.movement == 0:
+                self.movement = moved
+                return
+            # One jump (a rollback, an adopted model) must not set the scale: a μ far above
+            # the steps that follow would hold back the rounds of a training node.
+            moved = min(moved, MAX_RISE * self.movement)
             a = self.cfg.smoothing
-            self.movement = moved if self.movement == 0 else (1 - a) * self.movement + a * moved
+            self.movement = (1 - a) * self.movement + a * moved
 
     def _reason(
         self,

@@ -147,7 +147,11 @@ def _add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         dest="gossip.trigger",
         action="store_false",
         default=d,
-        help=_h("gossip.trigger", "gossip every round the links allow, even when idle", "on"),
+        help=_h(
+            "gossip.trigger",
+            "turn the event-triggered rule off: gossip every round the links allow, even idle",
+            "the rule is on",
+        ),
     )
     p.add_argument(
         "--trigger-threshold",
@@ -523,7 +527,8 @@ def _add_swarm_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         default=20,
-        help="gossip rounds every node does after the last one finishes training",
+        help="gossip rounds every node does after the last one finishes training (a node "
+        "that falls quiet first, with the event-triggered rule, counts as settled)",
     )
     p.add_argument(
         "--workdir",

@@ -74,6 +74,18 @@ def test_a_training_node_makes_every_round() -> None:
         assert set(pair.reasons[me]) <= {"first", "movement"}
 
 
+def test_a_jump_of_the_model_does_not_hold_back_the_training_rounds_after_it() -> None:
+    pair = Pair(TriggerConfig())
+    for _ in range(50):
+        pair.tick(train_lr=0.01)
+    pair.x["a"] += 10.0 * torch.randn(N)  # a rollback, say: a thousand steps' worth at once
+    for _ in range(50):
+        pair.tick(train_lr=0.01)
+    trigger = pair.mixers["a"].trigger
+    assert trigger is not None
+    assert trigger.stats.skipped == 0
+
+
 def test_once_training_stops_the_swarm_falls_quiet_to_the_heartbeat() -> None:
     pair = Pair(TriggerConfig(heartbeat_s=5.0))
     for _ in range(100):
