@@ -21,6 +21,7 @@ from gossip.codecs import Encoded
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
 from gossip.robust import ATTACKS, NeighbourScores, attack_target, clipped_consensus_step
+from gossip.trigger import RoundTrigger, TriggerConfig
 
 __all__ = ["MixConfig", "Mixer", "Round", "RoundPacer", "mix", "mixing_weights", "send_and_mix"]
 
@@ -138,6 +139,8 @@ class MixConfig:
     byzantine_fraction: δ of the clipping radius, with ``robust``.
     attack: testing only: publish a harmful target (gossip/robust.py's ``ATTACKS``) instead of
         the model, through valid deltas, and do not mix.
+    trigger: make a round only when it is worth its bytes (gossip/trigger.py); None: every
+        round asked for is made.
     """
 
     gamma: float = 1.0  # exact averaging for fp32; harsher codecs need less (DEFAULT_GAMMA)
@@ -145,6 +148,7 @@ class MixConfig:
     robust: bool = False
     byzantine_fraction: float = 0.25  # one bad neighbour in four, ClippedGossip's experiments
     attack: str | None = None
+    trigger: TriggerConfig | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.gamma <= 1 or self.silence_limit_s <= 0:
@@ -174,6 +178,7 @@ class Round:
     spoke_again: frozenset[NodeId]
     newly_evicted: Mapping[NodeId, float]
     readmitted: Mapping[NodeId, float]
+    reason: str = "always"  # why it was made (gossip/trigger.py's REASONS)
 
 
 class Mixer:
@@ -202,6 +207,12 @@ class Mixer:
         )
         self._silenced: frozenset[NodeId] = frozenset()
         self._evicted: frozenset[NodeId] = frozenset()
+        #: The event-triggered rule (None: off, every round is made).
+        self.trigger = (
+            RoundTrigger(cfg.trigger, cfg.trigger.heartbeat_for(cfg.silence_limit_s))
+            if cfg.trigger is not None
+            else None
+        )
 
     @property
     def neighbours(self) -> frozenset[NodeId]:
@@ -229,9 +240,7 @@ class Mixer:
     def weights(self) -> dict[NodeId, float]:
         """The weights a round would mix with now (evicted neighbours left out). A read: it
         changes nothing, so a status may call it as often as it likes."""
-        neighbours = self.neighbours
-        weights = mixing_weights(self.state, neighbours, len(neighbours), self.cfg.silence_limit_s)
-        return {p: w for p, w in weights.items() if p not in self._evicted}
+        return self._mix_weights(self.neighbours)
 
     def round(
         self, x: torch.Tensor, lock: contextlib.AbstractContextManager[object] | None = None
@@ -240,7 +249,9 @@ class Mixer:
         Koloskova et al. 2019, Algorithm 1, made asynchronous; ClippedGossip's mix with
         ``robust``, He et al. 2022; DiLoCo's outer step after it, Douillard et al. 2023). The
         target is ``x``, or for an attacker what it publishes instead. None without neighbours
-        (a new neighbour starts from a snapshot, so skipping costs nothing).
+        (a new neighbour starts from a snapshot, so skipping costs nothing), and None when the
+        trigger finds the round not worth its bytes: then nothing changes (x - x̂ keeps the
+        unsent change, the sequence numbers continue at the next round made).
 
         Args:
             lock: held while ``x`` is read and while it is written, not while compressing (the
@@ -260,6 +271,12 @@ class Mixer:
             return Round(
                 seq, payload, nobody, self._silenced, self._evicted, {}, frozenset(), {}, {}
             )
+        reason = "always"
+        if self.trigger is not None:
+            found = self.trigger.decide(current, state, self._mix_weights(neighbours), cfg.gamma)
+            if found is None:
+                return None
+            reason = found
         seq, payload = state.make_delta(current)  # compression runs outside the lock
         newly_evicted: dict[NodeId, float] = {}
         readmitted: dict[NodeId, float] = {}
@@ -280,6 +297,9 @@ class Mixer:
                     self.outer.step(x)
             else:
                 mix(state, x, cfg.gamma, weights, self.outer)
+            after = x.clone() if self.trigger is not None else None
+        if self.trigger is not None and after is not None:
+            self.trigger.made(after, state.clock.now(), reason)
         return Round(
             seq,
             payload,
@@ -290,7 +310,12 @@ class Mixer:
             spoke_again,
             newly_evicted,
             readmitted,
+            reason,
         )
+
+    def _mix_weights(self, neighbours: frozenset[NodeId]) -> dict[NodeId, float]:
+        weights = mixing_weights(self.state, neighbours, len(neighbours), self.cfg.silence_limit_s)
+        return {p: w for p, w in weights.items() if p not in self._evicted}
 
     def _note_silence(
         self, neighbours: frozenset[NodeId], weights: Mapping[NodeId, float]

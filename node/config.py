@@ -13,6 +13,7 @@ from gossip.codecs import CODECS, DEFAULT_FRACTION
 from gossip.robust import ATTACKS  # test-only attacks (GossipConfig.attack)
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
+from gossip.trigger import TriggerConfig
 from node.daemon.trainer import TrainerConfig
 from node.settings import FLAG_KEYS, RunSettings
 from node.settings_sources import load_settings
@@ -58,7 +59,13 @@ class GossipConfig:
     gamma: consensus step size; None picks :data:`DEFAULT_GAMMA` for the codec (for a sparse
         codec, :data:`SPARSE_GAMMA_PER_SHARE` times the share of each block it sends).
     local_steps: local training steps between gossip rounds (H).
-    idle_round_interval_s: how often to gossip once local training is over.
+    idle_round_interval_s: how often to consider a round once local training is over.
+    trigger: make a round only when it is worth its bytes (gossip/trigger.py): the unsent
+        change or the neighbours' news exceeds ``trigger_threshold`` of the model's recent
+        movement, or ``heartbeat_s`` passed; False: every round the pacing allows (as before).
+    trigger_threshold: that fraction.
+    heartbeat_s: the slowest a node gossips with the trigger (at most 0.4 of
+        ``silence_limit_s``).
     link_queue: deltas queued per neighbour; past that the link resyncs with a snapshot.
     silence_limit_s: a neighbour silent this long leaves the mix until it speaks again.
     call_timeout_s: deadline of each call to a peer.
@@ -82,6 +89,9 @@ class GossipConfig:
     gamma: float | None = None
     local_steps: int = 1
     idle_round_interval_s: float = 0.1
+    trigger: bool = True
+    trigger_threshold: float = TriggerConfig.threshold
+    heartbeat_s: float = TriggerConfig.heartbeat_s
     link_queue: int = 16
     silence_limit_s: float = 30.0
     call_timeout_s: float = 10.0
@@ -114,6 +124,14 @@ class GossipConfig:
             raise ValueError("byzantine_fraction must be in [0, 1)")
         if self.attack is not None and self.attack not in ATTACKS:
             raise ValueError(f"unknown attack {self.attack!r}; known: {', '.join(ATTACKS)}")
+        TriggerConfig(self.trigger_threshold, self.heartbeat_s)  # raises on values it refuses
+
+    @property
+    def trigger_config(self) -> TriggerConfig | None:
+        """The event-triggered rule's settings for the Mixer; None with the trigger off."""
+        if not self.trigger:
+            return None
+        return TriggerConfig(self.trigger_threshold, self.heartbeat_s)
 
     @property
     def step_size(self) -> float:

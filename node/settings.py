@@ -168,6 +168,15 @@ class GossipSettings(_Schema):
     idle_round_interval_s: Positive = Field(
         0.1, description="seconds between rounds once training is over"
     )
+    trigger: bool = Field(  # idle gossip falls to the heartbeat: about 1% of the bytes
+        True, description="gossip only when the change or the neighbours' news is worth it"
+    )
+    trigger_threshold: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.1, description="worth it: over this fraction of the model's recent movement"
+    )  # a tenth of a training round's movement is not worth a full delta
+    heartbeat_s: Positive = Field(
+        12.0, description="with the trigger, gossip at least this often"
+    )  # 0.4 of the silence limit: two lost heartbeats are no silence
     link_queue: AtLeastOne = Field(16, description="deltas queued per neighbour")
     silence_limit_s: Positive = Field(
         30.0, description="a neighbour silent this long leaves the mix"
@@ -325,6 +334,8 @@ FLAG_KEYS: dict[str, str] = {
     "compress-fraction": "gossip.compress_fraction",
     "gamma": "gossip.gamma",
     "local-steps": "gossip.local_steps",
+    "trigger-threshold": "gossip.trigger_threshold",
+    "heartbeat": "gossip.heartbeat_s",
     "outer-lr": "gossip.outer_lr",
     "outer-momentum": "gossip.outer_momentum",
     "robust": "gossip.robust",

@@ -4,7 +4,8 @@ The first node starts alone; each of the others joins through one random earlier
 user joins a running swarm through any peer's address, and membership gossip (SWIM) tells
 everyone about everyone. Every node waits until it knows all N members before training,
 trains its step budget, then keeps gossiping. Once every node has finished, the swarm lets each
-do a few more rounds (``settle_rounds``), stops them all with SIGTERM (each writes its final
+do a few more rounds (``settle_rounds``; with the event-triggered rule a node that falls quiet
+first counts as settled), stops them all with SIGTERM (each writes its final
 checkpoint), and judges the checkpoints.
 """
 
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import signal
@@ -211,6 +213,10 @@ def node_argv(
         argv += ["--outer-lr", str(g.outer_lr), "--outer-momentum", str(g.outer_momentum)]
     if g.gamma is not None:
         argv += ["--gamma", str(g.gamma)]
+    if g.trigger:
+        argv += ["--trigger-threshold", str(g.trigger_threshold), "--heartbeat", str(g.heartbeat_s)]
+    else:
+        argv.append("--no-trigger")
     if g.robust:
         argv += ["--robust", "--byzantine-fraction", str(g.byzantine_fraction)]
     if g.attack is not None and index == cfg.nodes - 1:
@@ -266,6 +272,10 @@ async def _watch(
 ) -> None:
     started = time.monotonic()
     settle_from: dict[str, int] | None = None
+    # With the trigger a settled node makes only heartbeats: quiet this long counts as settled.
+    quiet_s = min(2.0, cfg.gossip.heartbeat_s / 2) if cfg.gossip.trigger else math.inf
+    changed: dict[str, tuple[int, float]] = {}  # rounds, and when they last changed
+    settled: set[str] = set()
     metric: str | None = None
     while True:
         metric = metric or _task_metric(procs[0].state_dir / METRICS_FILE)
@@ -283,7 +293,13 @@ async def _watch(
             rounds = {s.node_id: s.rounds for s in known}
             if settle_from is None:
                 settle_from = rounds
-            finished = all(rounds[i] >= settle_from[i] + cfg.settle_rounds for i in rounds)
+            now = time.monotonic()
+            for i, r in rounds.items():
+                if changed.get(i, (None,))[0] != r:
+                    changed[i] = (r, now)
+                if r >= settle_from[i] + cfg.settle_rounds or now - changed[i][1] >= quiet_s:
+                    settled.add(i)
+            finished = settled >= rounds.keys()
         finished = finished or (cfg.duration_s is not None and elapsed >= cfg.duration_s)
         progress.show(progress_view(cfg, statuses, elapsed, metric or "accuracy"), force=finished)
         if finished:

@@ -25,6 +25,7 @@ from gossip.messages import Delta, SnapshotHeader
 from gossip.mixing import MixConfig, Mixer, Round
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
+from gossip.trigger import TriggerConfig
 from node.daemon.flat import FlatParams
 
 __all__ = ["Gossiper", "NeighbourView"]
@@ -58,6 +59,7 @@ class Gossiper:
     attack: testing only: publish a harmful target (see ``GossipConfig.attack``) instead of
         the model, through valid deltas, and do not mix.
     outer: DiLoCo's outer step after each round (None: plain gossip).
+    trigger: make a round only when it is worth its bytes (gossip/trigger.py); None: always.
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class Gossiper:
         byzantine_fraction: float = 0.25,
         attack: str | None = None,
         outer: OuterNesterov | None = None,
+        trigger: TriggerConfig | None = None,
     ) -> None:
         self.node_id = node_id
         self.state = state
@@ -81,7 +84,7 @@ class Gossiper:
         self.clock = clock
         self.mixer = Mixer(
             state,
-            MixConfig(gamma, silence_limit_s, robust, byzantine_fraction, attack),
+            MixConfig(gamma, silence_limit_s, robust, byzantine_fraction, attack, trigger),
             outer,
             torch.Generator(device=state.device).manual_seed(0),
         )
@@ -142,7 +145,8 @@ class Gossiper:
 
         The round is q = Q(x - x̂), x̂ += q, then x += γ Σ w (x̂_j - x̂) (gossip/mixing.py's
         :class:`Mixer`); its result is q, or None when there is no neighbour to send it to (a
-        new neighbour starts from a snapshot, so skipping costs nothing).
+        new neighbour starts from a snapshot, so skipping costs nothing) or when the trigger
+        finds the round not worth its bytes (x - x̂ keeps the change for a later round).
         """
 
         def work() -> Delta | None:

@@ -169,6 +169,7 @@ class Node:
             byzantine_fraction=g.byzantine_fraction,
             attack=g.attack,
             outer=OuterNesterov(g.outer_lr, g.outer_momentum) if g.outer_lr else None,
+            trigger=g.trigger_config,
         )
         self.phase = Phase()
         self.signals = signals = Signals(self.node_id[:8])

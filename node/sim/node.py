@@ -105,7 +105,9 @@ class SimNode:
         self.pacer = RoundPacer(g.local_steps)
         self.attack = attack
         outer = OuterNesterov(g.outer_lr, g.outer_momentum) if g.outer_lr else None
-        mix = MixConfig(g.step_size, g.silence_limit_s, g.robust, g.byzantine_fraction, attack)
+        mix = MixConfig(
+            g.step_size, g.silence_limit_s, g.robust, g.byzantine_fraction, attack, g.trigger_config
+        )
         self.mixer = Mixer(self.state, mix, outer)
         self.link_cfg = LinkConfig(queue=g.link_queue, call_timeout_s=g.call_timeout_s)
         self.neighbourhood: Neighbourhood[SimLink] = Neighbourhood(

@@ -30,7 +30,11 @@ pytestmark = pytest.mark.e2e
 STEPS = 1500
 SHARDS = 8  # six first nodes and two joiners, each with a shard of its own
 CFG = SwarmConfig(
-    nodes=SHARDS, steps=STEPS, alpha=0.5, eval_every=250, gossip=GossipConfig(codec="int8")
+    nodes=SHARDS,
+    steps=STEPS,
+    alpha=0.5,
+    eval_every=250,
+    gossip=GossipConfig(codec="int8", trigger=False),
 )
 #: Faster membership and checkpoints than the defaults, so the test spends its time training.
 EXTRA = ["--swim-period", "0.5", "--checkpoint-interval", "2"]

@@ -61,7 +61,10 @@ pytestmark = pytest.mark.e2e
 N, STEPS, STEP_S = 4, 300, 0.02
 SETTLE_ROUNDS = 20
 TARGET, THRESHOLD = 0.8, 1e-2
-GOSSIP = GossipConfig(topology="exponential", codec="int8", idle_round_interval_s=0.05)
+# The contract counts the idle rounds after training: on the timer, without the trigger.
+GOSSIP = GossipConfig(
+    topology="exponential", codec="int8", idle_round_interval_s=0.05, trigger=False
+)
 
 
 def averaged_accuracy(models: list[torch.Tensor]) -> float:
@@ -113,6 +116,7 @@ async def start_real(
                 "gossip.topology": GOSSIP.topology,
                 "gossip.codec": GOSSIP.codec,
                 "gossip.idle_round_interval_s": idle_round_interval_s,
+                "gossip.trigger": GOSSIP.trigger,
             },
         )
         transport: Transport | None = MemoryTransport(network) if network else None

@@ -139,6 +139,31 @@ def add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         help=flag_help("gossip.local_steps"),
     )
     p.add_argument(
+        "--no-trigger",
+        dest="gossip.trigger",
+        action="store_false",
+        default=d,
+        help=flag_help(
+            "gossip.trigger",
+            "turn the event-triggered rule off: gossip every round the links allow, even idle",
+            "the rule is on",
+        ),
+    )
+    p.add_argument(
+        "--trigger-threshold",
+        dest="gossip.trigger_threshold",
+        metavar="F",
+        default=d,
+        help=flag_help("gossip.trigger_threshold"),
+    )
+    p.add_argument(
+        "--heartbeat",
+        dest="gossip.heartbeat_s",
+        metavar="S",
+        default=d,
+        help=flag_help("gossip.heartbeat_s"),
+    )
+    p.add_argument(
         "--outer-lr",
         dest="gossip.outer_lr",
         metavar="LR",

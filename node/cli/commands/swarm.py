@@ -48,7 +48,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         default=20,
-        help="gossip rounds every node does after the last one finishes training",
+        help="gossip rounds every node does after the last one finishes training (a node "
+        "that falls quiet first, with the event-triggered rule, counts as settled)",
     )
     p.add_argument(
         "--workdir",
