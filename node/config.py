@@ -59,7 +59,8 @@ class GossipConfig:
     gamma: consensus step size; None picks :data:`DEFAULT_GAMMA` for the codec (for a sparse
         codec, :data:`SPARSE_GAMMA_PER_SHARE` times the share of each block it sends).
     local_steps: local training steps between gossip rounds (H).
-    idle_round_interval_s: how often to consider a round once local training is over.
+    idle_round_interval_s: how often to consider a round once local training is over; None:
+        no rounds then (a node that only serves its model).
     trigger: make a round only when it is worth its bytes (gossip/trigger.py): the unsent
         change or the neighbours' news exceeds ``trigger_threshold`` of the model's recent
         movement, or ``heartbeat_s`` passed; False: every round the pacing allows (as before).
@@ -88,7 +89,7 @@ class GossipConfig:
     compress_fraction: float = DEFAULT_FRACTION  # CHOCO-SGD's top-1%; an index fits a byte
     gamma: float | None = None
     local_steps: int = 1
-    idle_round_interval_s: float = 0.1
+    idle_round_interval_s: float | None = 0.1
     trigger: bool = True
     trigger_threshold: float = TriggerConfig.threshold
     heartbeat_s: float = TriggerConfig.heartbeat_s
@@ -103,6 +104,8 @@ class GossipConfig:
     outer_momentum: float = 0.9
 
     def __post_init__(self) -> None:
+        if self.idle_round_interval_s is not None and self.idle_round_interval_s <= 0:
+            raise ValueError("idle_round_interval_s must be positive (None: no idle rounds)")
         if self.outer_lr is not None and self.outer_lr <= 0:
             raise ValueError(f"outer_lr must be positive, got {self.outer_lr}")
         if not 0 <= self.outer_momentum < 1:

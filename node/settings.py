@@ -165,8 +165,8 @@ class GossipSettings(_Schema):
         None, description="consensus step size (none: by codec)"
     )  # harsher codecs need a smaller one (Koloskova et al. 2019)
     local_steps: AtLeastOne = Field(1, description="least local steps between gossip rounds")
-    idle_round_interval_s: Positive = Field(
-        0.1, description="seconds between rounds once training is over"
+    idle_round_interval_s: Positive | None = Field(
+        0.1, description="seconds between rounds once training is over (none: no rounds then)"
     )
     trigger: bool = Field(  # idle gossip falls to the heartbeat: about 1% of the bytes
         True, description="gossip only when the change or the neighbours' news is worth it"

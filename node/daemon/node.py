@@ -497,7 +497,8 @@ class Node:
         if not self.closing:
             log.info("node %s finished training at step %d", self.node_id[:8], self.trainer.step)
             interval_s = self.cfg.gossip.idle_round_interval_s
-            self.signals.spawn(self.rounds.idle_gossip(interval_s), "idle-gossip")
+            if interval_s is not None:  # None: no rounds once training is over
+                self.signals.spawn(self.rounds.idle_gossip(interval_s), "idle-gossip")
 
     # -- status and state ---------------------------------------------------------------------
 

@@ -148,6 +148,8 @@ class SimConfig:
             raise ValueError("speed_spread must be a finite non-negative number")
         if self.wait_timeout_s <= 0:
             raise ValueError("wait_timeout_s must be positive")
+        if self.steps == 0 and self.gossip.idle_round_interval_s is None:
+            raise ValueError("gossip alone (steps 0) needs idle rounds: set idle_round_interval_s")
         if not 0 <= self.attackers < 1:
             raise ValueError("attackers is a share of the nodes, in [0, 1)")
         if (self.attackers > 0) != (self.gossip.attack is not None):

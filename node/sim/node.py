@@ -187,7 +187,7 @@ class SimNode:
         self.waiting = False
         self.training = True
         if self.sim.cfg.steps == 0:  # gossip alone, as a node whose budget is spent
-            self.sim.events.after(self.sim.cfg.gossip.idle_round_interval_s, self._idle_round)
+            self._next_idle_round()
         else:
             self.sim.events.after(self.step_s, self._local_step)
 
@@ -224,14 +224,19 @@ class SimNode:
         if budget is None or self.step < budget:
             self.sim.events.after(self.step_s, self._local_step)
         else:
-            self.sim.events.after(self.sim.cfg.gossip.idle_round_interval_s, self._idle_round)
+            self._next_idle_round()
+
+    def _next_idle_round(self) -> None:
+        interval_s = self.sim.cfg.gossip.idle_round_interval_s
+        if interval_s is not None:  # None: no rounds once training is over, as the daemon
+            self.sim.events.after(interval_s, self._idle_round)
 
     def _idle_round(self) -> None:
         """After training: keep mixing toward the swarm, on a timer, as the daemon does."""
         if not self.training:
             return
         self.try_round()
-        self.sim.events.after(self.sim.cfg.gossip.idle_round_interval_s, self._idle_round)
+        self._next_idle_round()
 
     def try_round(self) -> bool:
         """Make a round unless a link is still busy (RoundPacer); offer it to every link.

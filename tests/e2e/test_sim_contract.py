@@ -62,8 +62,9 @@ N, STEPS, STEP_S = 4, 300, 0.02
 SETTLE_ROUNDS = 20
 TARGET, THRESHOLD = 0.8, 1e-2
 # The contract counts the idle rounds after training: on the timer, without the trigger.
+IDLE_ROUND_S = 0.05
 GOSSIP = GossipConfig(
-    topology="exponential", codec="int8", idle_round_interval_s=0.05, trigger=False
+    topology="exponential", codec="int8", idle_round_interval_s=IDLE_ROUND_S, trigger=False
 )
 
 
@@ -94,7 +95,7 @@ def delta_bytes(bytes_sent: int, deltas: int, snapshots: int, header: SnapshotHe
 async def start_real(
     tmp_path: Path,
     network: MemoryNetwork | None = None,
-    idle_round_interval_s: float = GOSSIP.idle_round_interval_s,
+    idle_round_interval_s: float | None = IDLE_ROUND_S,
 ) -> list[Node]:
     """N nodes of the scenario, over gRPC (plain TCP) or, with ``network``, in memory."""
     nodes: list[Node] = []
@@ -135,7 +136,7 @@ def sim_config(**changes: Any) -> SimConfig:
         seed=0,
         step_time_s=STEP_S,
         steps=STEPS,
-        duration_s=STEPS * STEP_S + (SETTLE_ROUNDS + 10) * GOSSIP.idle_round_interval_s,
+        duration_s=STEPS * STEP_S + (SETTLE_ROUNDS + 10) * IDLE_ROUND_S,
         eval_every_s=STEPS * STEP_S,
         gossip=GOSSIP,
         net=NetConfig(latency_s=(0.0002, 0.001), bandwidth_bps=1e9),
@@ -275,7 +276,7 @@ async def run_real_lossy(tmp_path: Path) -> dict[str, Any]:
     nodes: list[Node] = []
     try:
         # No idle rounds: the swarm falls quiet after training, so replicas can be compared.
-        nodes = await start_real(tmp_path, MemoryNetwork(drop), idle_round_interval_s=1e9)
+        nodes = await start_real(tmp_path, MemoryNetwork(drop), idle_round_interval_s=None)
         for n in nodes:
             await n.wait_until(n.training_finished.is_set, 120)
         for receiver in nodes:
@@ -303,7 +304,7 @@ def sim_replicas_match(nodes: list[SimNode]) -> bool:
 
 
 def run_sim_lossy() -> dict[str, Any]:
-    idle = dataclasses.replace(GOSSIP, idle_round_interval_s=1e9)
+    idle = dataclasses.replace(GOSSIP, idle_round_interval_s=None)
     sim = Simulation(sim_config(gossip=idle, net=NetConfig((0.0002, 0.001), 1e9, LOSS)))
     sim.events.run_until(STEPS * STEP_S + 30.0)  # training, then the last repairs
     nodes = list(sim.nodes.values())

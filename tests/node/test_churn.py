@@ -117,7 +117,7 @@ async def test_a_crashed_node_leaves_the_mix_then_the_view_and_training_goes_on(
 
 async def test_a_joiner_starts_from_the_swarms_model(tmp_path: Path) -> None:
     network = MemoryNetwork()
-    settings = {"trainer.steps": 100, "gossip.idle_round_interval_s": 1e9}
+    settings = {"trainer.steps": 100, "gossip.idle_round_interval_s": None}
     async with memory_swarm(tmp_path, 3, settings, network) as nodes:
         for n in nodes:
             await n.wait_until(n.training_finished.is_set, TIMEOUT_S)

@@ -47,7 +47,7 @@ async def test_a_swarm_trains_to_consensus_with_replicas_bit_identical(tmp_path:
     async with memory_swarm(
         tmp_path,
         4,
-        {"alpha": 0.5, "trainer.steps": 300, "gossip.idle_round_interval_s": 1e9},
+        {"alpha": 0.5, "trainer.steps": 300, "gossip.idle_round_interval_s": None},
     ) as nodes:
         for n in nodes:
             await n.wait_until(n.training_finished.is_set, TIMEOUT_S)
@@ -78,7 +78,7 @@ async def test_lost_deltas_are_repaired_by_snapshots(tmp_path: Path) -> None:
 
     network = MemoryNetwork(drop=drop_every_fifth_delta_early_on)
     async with memory_swarm(
-        tmp_path, 3, {"trainer.steps": 150, "gossip.idle_round_interval_s": 1e9}, network
+        tmp_path, 3, {"trainer.steps": 150, "gossip.idle_round_interval_s": None}, network
     ) as nodes:
         for n in nodes:
             await n.wait_until(n.training_finished.is_set, TIMEOUT_S)
@@ -209,7 +209,7 @@ async def test_a_swarm_with_local_steps_and_an_outer_nesterov_step_trains(tmp_pa
         "trainer.steps": 300,
         "gossip.local_steps": 10,
         "gossip.outer_lr": 0.7,
-        "gossip.idle_round_interval_s": 1e9,
+        "gossip.idle_round_interval_s": None,
     }
     async with memory_swarm(tmp_path, 3, settings) as nodes:
         for n in nodes:

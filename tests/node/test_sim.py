@@ -78,7 +78,7 @@ def test_replicas_end_bit_identical_to_their_senders_even_when_deltas_are_lost(
     cfg = dataclasses.replace(
         BASE,
         steps=60,
-        gossip=dataclasses.replace(BASE.gossip, idle_round_interval_s=1e9),
+        gossip=dataclasses.replace(BASE.gossip, idle_round_interval_s=None),
         net=NetConfig(loss=loss),
     )
     sim = Simulation(cfg)

@@ -78,7 +78,7 @@ def test_simulated_replicas_end_bit_identical_though_deltas_are_lost(codec: str)
     cfg = SimConfig(
         nodes=8,
         steps=60,
-        gossip=GossipConfig(codec=codec, compress_fraction=0.1, idle_round_interval_s=1e9),
+        gossip=GossipConfig(codec=codec, compress_fraction=0.1, idle_round_interval_s=None),
         net=NetConfig(loss=0.2),
     )
     sim = Simulation(cfg)
@@ -97,7 +97,7 @@ def test_a_simulated_swarm_trains_over_top_k() -> None:
         steps=300,
         eval_every_s=4.0,
         task="logistic",
-        gossip=GossipConfig(codec="topk", compress_fraction=0.1, idle_round_interval_s=1e9),
+        gossip=GossipConfig(codec="topk", compress_fraction=0.1, idle_round_interval_s=None),
     )
     sim = Simulation(cfg)
     summary = sim.run()
@@ -109,7 +109,7 @@ async def test_nodes_train_over_top_k_with_replicas_bit_identical(tmp_path: Path
     async with memory_swarm(
         tmp_path,
         3,
-        {"trainer.steps": 200, "gossip.codec": "topk", "gossip.idle_round_interval_s": 1e9},
+        {"trainer.steps": 200, "gossip.codec": "topk", "gossip.idle_round_interval_s": None},
     ) as nodes:
         for n in nodes:
             await n.wait_until(n.training_finished.is_set, TIMEOUT_S)

@@ -119,7 +119,7 @@ async def test_scraping_a_node_while_its_neighbours_fall_silent_changes_nothing_
         "metrics_port": 0,
         "metrics_host": "127.0.0.1",
         "trainer.steps": 60,
-        "gossip.idle_round_interval_s": 1e9,
+        "gossip.idle_round_interval_s": None,
         "gossip.silence_limit_s": 0.3,
     }
     async with memory_swarm(tmp_path, 3, settings) as nodes:
