@@ -130,7 +130,7 @@ async def test_every_round_lands_and_a_refusal_is_repaired_by_one_snapshot(
                 dropped_at = virtual_now()
             # As the node paces its rounds: the next one when the link is not busy.
             await run_until(lambda: not link.busy, 30.0, "the link to keep up")
-            await asyncio.sleep(ROUND_S)
+            await asyncio.sleep(ROUND_S)  # the round interval itself, in virtual time: no wait
         took = await run_until(
             lambda: replica_is_public_copy(sender, receiver), 60.0, "the replica to catch up"
         )
