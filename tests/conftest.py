@@ -1,9 +1,11 @@
-"""Shared fixtures: every child process a test starts is reaped, whatever happens."""
+"""Shared fixtures: every child process a test starts is reaped, whatever happens, and no test
+leaves a trainer thread running."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -39,3 +41,21 @@ def reap_stray_children() -> Iterator[None]:
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+
+
+#: How long a trainer a test asked to stop may take to end (one evaluation or step).
+TRAINER_END_S = 30.0
+
+
+@pytest.fixture(autouse=True)
+def no_trainer_left_running() -> Iterator[None]:
+    """A trainer past its budget keeps evaluating until asked to stop. One left running when
+    the interpreter exits is killed inside torch's C++ code, which aborts the whole pytest
+    process ("terminate called without an active exception") after every test passed."""
+    before = set(threading.enumerate())
+    yield
+    left = [t for t in threading.enumerate() if t.name == "trainer" and t not in before]
+    for thread in left:
+        thread.join(TRAINER_END_S)
+    running = [t for t in left if t.is_alive()]
+    assert not running, f"the test left {len(running)} trainer thread(s) running: stop them"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
 import logging
 import math
@@ -91,6 +92,10 @@ class TrainerConfig:
         """Seconds to wait after a step that computed for ``compute_s``."""
         return max(compute_s, self.step_time) * self.slowdown - compute_s
 
+
+#: How long the interpreter's exit waits for a running trainer to stop (one step or one
+#: evaluation).
+_AT_EXIT_JOIN_S = 30.0
 
 #: After the budget, an evaluation takes at most this share of the time (its wait grows to
 #: ``(1 - share) / share`` times its own duration), whatever ``idle_eval_interval_s`` says.
@@ -264,7 +269,15 @@ class Trainer:
 
     def start(self) -> None:
         self._started_at = time.perf_counter()
+        # Stopped before the interpreter ends: a daemon thread still inside torch when it
+        # does is killed there, and that aborts the process ("terminate called without an
+        # active exception"), whatever the exit status was to be.
+        atexit.register(self._stop_at_exit)
         self._thread.start()
+
+    def _stop_at_exit(self) -> None:
+        self.request_stop()
+        self.join(_AT_EXIT_JOIN_S)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -410,3 +423,4 @@ class Trainer:
             self._on_done()
         if finished and self.error is None and self.cfg.idle_eval_interval_s is not None:
             self._evaluate_after_budget()
+        atexit.unregister(self._stop_at_exit)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -157,3 +159,30 @@ async def test_a_long_checkpoint_write_says_how_long_it_runs(
     assert messages[-1].startswith("writing the final checkpoint: 3.00 GiB in ")
     assert not [m for m in messages if m.startswith("writing a checkpoint")]
     assert progress.rate is not None  # the next write's estimate
+
+
+EXIT_SCRIPT = """
+import atexit, threading, torch
+from tests.node.test_idle_eval import task
+from node.daemon.trainer import Trainer, TrainerConfig
+
+seen = {}
+# Registered first, so it runs after the trainer's own hook (atexit runs last in, first out).
+atexit.register(lambda: print("trainer alive at exit:", seen["t"].is_alive(), flush=True))
+cfg = TrainerConfig(steps=3, eval_every=3, idle_eval_interval_s=0.01)
+trainer = Trainer(task(), torch.device("cpu"), threading.Lock(), cfg)
+trainer.start()
+assert trainer.done.wait(30)
+seen["t"] = trainer._thread
+"""
+
+
+def test_a_trainer_still_evaluating_is_stopped_before_the_interpreter_exits() -> None:
+    """A daemon thread inside torch when the interpreter ends is killed there, which aborts
+    the process; the trainer's exit hook stops it first, and the process exits cleanly."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "trainer alive at exit: False" in done.stdout
