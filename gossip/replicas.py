@@ -377,23 +377,33 @@ class GossipState:
         """x += γ Σ_j w_ij (x̂_j - x̂_i), in place, over the neighbours in ``weights``.
 
         Neighbours without a replica are left out; their weight stays with x_i, so each row of
-        the mixing matrix still sums to one.
+        the mixing matrix still sums to one. The sum runs in the order of the neighbours' ids,
+        not of ``weights``: float sums depend on their order, and a dict built from a set
+        follows the process's string hashing, so one seed gives one result in every process.
 
         Returns:
             x, updated in place.
         """
+        pull = self.pull(weights)
+        if pull is not None:
+            x.add_(pull.to(x.dtype), alpha=gamma)
+        return x
+
+    def pull(self, weights: Mapping[NodeId, float]) -> torch.Tensor | None:
+        """Σ_j w_ij (x̂_j - x̂_i) over the neighbours in ``weights`` that hold a replica, summed
+        in the order of their ids; None when none takes part."""
         pull = torch.zeros_like(self.public)
         total = 0.0
-        for peer, w in weights.items():
+        for peer in sorted(weights):
+            w = weights[peer]
             replica = self.replicas.get(peer)
             if replica is None or w == 0.0:
                 continue
             pull.add_(replica.value, alpha=w)
             total += w
-        if total:
-            pull.add_(self.public, alpha=-total)
-            x.add_(pull.to(x.dtype), alpha=gamma)
-        return x
+        if not total:
+            return None
+        return pull.add_(self.public, alpha=-total)
 
 
 def relative_distance(a: torch.Tensor, b: torch.Tensor, floor_rms: float = 1e-2) -> float:

@@ -119,7 +119,8 @@ def clipped_consensus_step(
     neighbours by mistake would leave a Byzantine one unclipped.
     """
     pulls: dict[NodeId, torch.Tensor] = {}
-    for peer, w in weights.items():
+    for peer in sorted(weights):  # summed in the order of ids, as consensus_step does
+        w = weights[peer]
         replica = state.replicas.get(peer)
         if replica is not None and w != 0.0:
             pulls[peer] = replica.value - state.public

@@ -178,14 +178,5 @@ def _versions(state: GossipState, weights: Mapping[NodeId, float]) -> tuple[obje
 
 def _pull(state: GossipState, weights: Mapping[NodeId, float]) -> torch.Tensor:
     """Σ_j w_ij (x̂_j - x̂_i), as :meth:`GossipState.consensus_step` adds it (before γ)."""
-    pull = torch.zeros_like(state.public)
-    total = 0.0
-    for peer, w in weights.items():
-        replica = state.replicas.get(peer)
-        if replica is None or w == 0.0:
-            continue
-        pull.add_(replica.value, alpha=w)
-        total += w
-    if total:
-        pull.add_(state.public, alpha=-total)
-    return pull
+    pull = state.pull(weights)
+    return pull if pull is not None else torch.zeros_like(state.public)

@@ -381,3 +381,22 @@ def test_pulled_models_are_adopted_only_once_two_agree() -> None:
     assert agreeing_pair([x, near]) == (0, 1)
     assert agreeing_pair([x]) is None
     assert relative_distance(x, x) == 0.0
+
+
+def test_a_mix_is_the_same_whatever_order_the_weights_come_in() -> None:
+    """Float sums depend on their order, and a dict built from a set follows the process's
+    string hashing: the mix sums in the order of the neighbours' ids, so one seed gives one
+    model in every process."""
+    peers = [f"peer-{k}" for k in range(12)]
+    results = []
+    for order in (peers, peers[::-1], random.Random(5).sample(peers, len(peers))):
+        state = make_state()
+        state.set_peers(frozenset(peers))
+        for k, peer in enumerate(peers):
+            values = torch.randn(DIM, generator=torch.Generator().manual_seed(50 + k)) * 1e3
+            state.receive_snapshot(peer, 1, 0, values, degree=3)
+        x = state.public.clone()
+        weights = {peer: 1 / (3 + k) for k, peer in ((peers.index(p), p) for p in order)}
+        state.consensus_step(x, 0.8, weights)
+        results.append(x.numpy().tobytes())
+    assert results[0] == results[1] == results[2]
