@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from gossip.messages import Member
 from gossip.swim import Swim
-from gossip.topology import Graph, build
+from gossip.topology import Graph, build, reachable_graph
 
 __all__ = ["MemberView", "relink"]
 
@@ -42,17 +42,28 @@ class MemberView:
         return tuple(Member(r.node_id, r.address) for r in self.swim.live_members())
 
     def graph(self, kind: str, *, degree: int = 4, seed: int = 0) -> Graph:
-        return build(kind, [m.node_id for m in self.members], degree=degree, seed=seed)
+        records = self.swim.live_members()
+        graph = build(kind, [r.node_id for r in records], degree=degree, seed=seed)
+        return reachable_graph(graph, frozenset(r.node_id for r in records if not r.reachable))
+
+    @property
+    def unreachable(self) -> frozenset[NodeId]:
+        """Live members that nobody can dial (their records name relays)."""
+        return frozenset(r.node_id for r in self.swim.live_members() if not r.reachable)
 
     def neighbours(self, kind: str, *, degree: int = 4, seed: int = 0) -> dict[NodeId, Member]:
         """This member's neighbours in the graph ``kind`` over the live members, by id.
 
-        Every member derives the graph from its own view, so two members with the same view
-        agree on every edge; the link handshake (a snapshot refused by a member that does not
-        count the sender as its neighbour yet) covers the time their views differ.
+        Every member derives the graph from its own view (which says who is reachable), so two
+        members with the same view agree on every edge; the link handshake (a snapshot refused
+        by a member that does not count the sender as its neighbour yet) covers the time their
+        views differ.
         """
-        members = {m.node_id: m for m in self.members}  # one snapshot of the view
+        records = self.swim.live_members()  # one snapshot of the view
+        members = {r.node_id: Member(r.node_id, r.address) for r in records}
         graph = build(kind, members, degree=degree, seed=seed)
+        # Only edges with one end others can dial: the other end opens the connection.
+        graph = reachable_graph(graph, frozenset(r.node_id for r in records if not r.reachable))
         return {j: members[j] for j in sorted(graph.neighbours(self.swim.node_id))}
 
 

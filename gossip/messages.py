@@ -125,6 +125,9 @@ class Hello:
     fingerprint: TaskFingerprint
     members: tuple[MemberRecord, ...] = field(default=())
     revocations: bytes = b""  # opaque to the core: the node checks and applies it
+    #: In an answer: the member could not dial the joiner, and took it through the joiner's
+    #: dial-out session (the joiner then names relays in its record).
+    unreachable: bool = False
 
 
 @dataclass(frozen=True)

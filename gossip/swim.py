@@ -104,6 +104,8 @@ class Swim(FailureDetector):
     #: set, an accusation must name a member we know and carry its signature; None: accusations
     #: are taken as they come (tests, the simulator).
     check_signature: Callable[[bytes, bytes, bytes], bool] | None = None
+    #: Members that forward for this one when nobody can dial it (see MemberRecord.relays).
+    relays: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self._init_table()
@@ -123,7 +125,9 @@ class Swim(FailureDetector):
     @property
     def me(self) -> MemberRecord:
         status = Status.LEFT if self.leaving else Status.ALIVE
-        record = MemberRecord(self.node_id, self.address, self.incarnation, status)
+        record = MemberRecord(
+            self.node_id, self.address, self.incarnation, status, relays=self.relays
+        )
         if self.sign is None:
             return record
         if self._signed is None or self._signed[0] != record:  # signing is slow: once per change
@@ -135,6 +139,16 @@ class Swim(FailureDetector):
             )
             self._signed = (record, signed)
         return self._signed[1]
+
+    def set_relays(self, relays: tuple[str, ...]) -> bool:
+        """Say that this member is reached through ``relays`` (none: directly), at a new
+        incarnation so that the record supersedes the old one everywhere; it spreads as a
+        refutation does, at the head of every message. Returns whether anything changed."""
+        if relays == self.relays:
+            return False
+        self.relays = relays
+        self.incarnation += 1
+        return True
 
     def _about_me(self, record: MemberRecord) -> None:
         if self.leaving or record.status is Status.ALIVE:

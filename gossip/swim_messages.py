@@ -58,6 +58,15 @@ class MemberRecord:
     # swim: who accuses this member (suspect or dead), and its signature of that.
     accuser: NodeId = ""
     accuser_signature: bytes = b""
+    #: Empty when others dial ``address`` directly; otherwise the addresses of members that
+    #: hold a dial-out session from this member (it cannot be dialled) and forward for it.
+    #: Its own claim, so signed with the address.
+    relays: tuple[str, ...] = ()
+
+    @property
+    def reachable(self) -> bool:
+        """Whether others dial the member at its address (no relays named)."""
+        return not self.relays
 
     @property
     def live(self) -> bool:
@@ -66,7 +75,10 @@ class MemberRecord:
     def claim(self) -> bytes:
         """The bytes the member signs."""
         what = "left" if self.status is Status.LEFT else "alive"
-        return f"murmur-member|{self.node_id}|{self.address}|{self.incarnation}|{what}".encode()
+        claim = f"murmur-member|{self.node_id}|{self.address}|{self.incarnation}|{what}"
+        if self.relays:  # a reachable member signs what it always signed
+            claim += "|via=" + ",".join(self.relays)
+        return claim.encode()
 
     def accusation(self) -> bytes:
         """The bytes the accuser signs: that this member, at this incarnation, failed its probe.

@@ -112,7 +112,8 @@ class MemberTable:
         self._dissemination.clear()
 
     def drain_changes(self) -> list[MemberRecord]:
-        """Records whose status or address changed since the last call (the node reacts)."""
+        """Records whose status, address or relays changed since the last call (the node
+        reacts)."""
         changes, self._changes = self._changes, []
         return changes
 
@@ -192,6 +193,7 @@ class MemberTable:
             previous is None
             or previous.status != record.status
             or previous.address != record.address
+            or previous.relays != record.relays
         ):
             self._changes.append(record)
 

@@ -8,6 +8,7 @@ graphs here are undirected: ``j in g.neighbours(i)`` iff ``i in g.neighbours(j)`
 from __future__ import annotations
 
 import functools
+import hashlib
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ __all__ = [
     "metropolis_hastings",
     "mixing_matrix",
     "random_regular",
+    "reachable_graph",
     "ring",
     "spectral_gap",
 ]
@@ -236,6 +238,51 @@ def _build(kind: str, order: tuple[NodeId, ...], degree: int, seed: int) -> Grap
             k = max(k, 2)
         return random_regular(order, k, seed)
     raise ValueError(f"unknown topology {kind!r}; known: {', '.join(TOPOLOGIES)}")
+
+
+#: Reachable neighbours each unreachable node gets at least (fewer when fewer are reachable).
+UNREACHABLE_ANCHORS = 2
+
+
+def reachable_graph(
+    graph: Graph, unreachable: frozenset[NodeId], anchors: int = UNREACHABLE_ANCHORS
+) -> Graph:
+    """``graph`` with only the edges that can exist when ``unreachable`` nodes cannot be
+    dialled: an edge needs one end that can be, since the other end opens the connection.
+
+    Edges between two unreachable nodes are dropped. Each unreachable node then gets reachable
+    neighbours up to ``anchors``, chosen by rendezvous hashing of the two ids (the same on every
+    node, and moving few edges when members come or go), and the reachable nodes are joined in a
+    ring of their own, so the graph stays connected whatever edges were dropped. With no
+    unreachable node, or none reachable, the graph is returned as it is.
+    """
+    unreachable = unreachable & frozenset(graph.nodes)
+    reachable = [n for n in graph.nodes if n not in unreachable]
+    if not unreachable or not reachable:
+        return graph
+    adj = {n: set(graph.adj[n]) for n in graph.nodes}
+
+    def link(a: NodeId, b: NodeId) -> None:
+        adj[a].add(b)
+        adj[b].add(a)
+
+    for u in unreachable:
+        for j in list(adj[u]):
+            if j in unreachable:
+                adj[u].discard(j)
+                adj[j].discard(u)
+    for u in sorted(unreachable):
+        want = min(anchors, len(reachable))
+        by_rank = sorted(reachable, key=lambda r: hashlib.sha256(f"{u}|{r}".encode()).digest())
+        for r in by_rank:
+            if len(adj[u]) >= want:
+                break
+            link(u, r)
+    if len(reachable) > 1:
+        for a, b in zip(reachable, reachable[1:] + reachable[:1], strict=True):
+            if a != b:
+                link(a, b)
+    return Graph(graph.nodes, {n: frozenset(adj[n]) for n in graph.nodes})
 
 
 def metropolis_hastings(graph: Graph) -> dict[NodeId, dict[NodeId, float]]:

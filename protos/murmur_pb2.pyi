@@ -56,7 +56,7 @@ class TaskFingerprint(_message.Message):
     def __init__(self, params: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., codec: _Optional[str] = ..., block_size: _Optional[int] = ..., fraction: _Optional[float] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "status", "public_key", "signature", "certificate", "accuser", "accuser_signature")
+    __slots__ = ("node_id", "address", "incarnation", "status", "public_key", "signature", "certificate", "accuser", "accuser_signature", "relays")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,7 @@ class Member(_message.Message):
     CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     ACCUSER_FIELD_NUMBER: _ClassVar[int]
     ACCUSER_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    RELAYS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
@@ -75,21 +76,24 @@ class Member(_message.Message):
     certificate: bytes
     accuser: str
     accuser_signature: bytes
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., accuser: _Optional[str] = ..., accuser_signature: _Optional[bytes] = ...) -> None: ...
+    relays: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., accuser: _Optional[str] = ..., accuser_signature: _Optional[bytes] = ..., relays: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol_version", "self", "fingerprint", "members", "revocations")
+    __slots__ = ("protocol_version", "self", "fingerprint", "members", "revocations", "unreachable")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SELF_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     self: Member
     fingerprint: TaskFingerprint
     members: _containers.RepeatedCompositeFieldContainer[Member]
     revocations: bytes
-    def __init__(self_, protocol_version: _Optional[int] = ..., self: _Optional[_Union[Member, _Mapping]] = ..., fingerprint: _Optional[_Union[TaskFingerprint, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., revocations: _Optional[bytes] = ...) -> None: ...
+    unreachable: bool
+    def __init__(self_, protocol_version: _Optional[int] = ..., self: _Optional[_Union[Member, _Mapping]] = ..., fingerprint: _Optional[_Union[TaskFingerprint, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., revocations: _Optional[bytes] = ..., unreachable: _Optional[bool] = ...) -> None: ...
 
 class SwimMessage(_message.Message):
     __slots__ = ("protocol_version", "kind", "sender", "sender_address", "seq", "target", "updates", "revocations")
@@ -292,3 +296,43 @@ class NodeStatus(_message.Message):
     eval_age_s: float
     member_counts: _containers.ScalarMap[str, int]
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., train_loss: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_step: _Optional[int] = ..., eval_age_s: _Optional[float] = ..., member_counts: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class SessionFrame(_message.Message):
+    __slots__ = ("call", "method", "message", "has_message", "end", "code", "details", "reason", "address", "nonce", "certificate", "signature", "origin_certificate", "origin_signature")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    HAS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    call: int
+    method: str
+    message: bytes
+    has_message: bool
+    end: bool
+    code: int
+    details: str
+    reason: str
+    address: str
+    nonce: bytes
+    certificate: bytes
+    signature: bytes
+    origin_certificate: bytes
+    origin_signature: bytes
+    def __init__(self, call: _Optional[int] = ..., method: _Optional[str] = ..., message: _Optional[bytes] = ..., has_message: _Optional[bool] = ..., end: _Optional[bool] = ..., code: _Optional[int] = ..., details: _Optional[str] = ..., reason: _Optional[str] = ..., address: _Optional[str] = ..., nonce: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., origin_certificate: _Optional[bytes] = ..., origin_signature: _Optional[bytes] = ...) -> None: ...
+
+class ForwardRequest(_message.Message):
+    __slots__ = ("to", "call")
+    TO_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    to: str
+    call: SessionFrame
+    def __init__(self, to: _Optional[str] = ..., call: _Optional[_Union[SessionFrame, _Mapping]] = ...) -> None: ...

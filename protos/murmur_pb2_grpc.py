@@ -69,6 +69,16 @@ class MurmurStub:
                 request_serializer=protos_dot_murmur__pb2.PullModelRequest.SerializeToString,
                 response_deserializer=protos_dot_murmur__pb2.ModelChunk.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/murmur.v1.Murmur/Session',
+                request_serializer=protos_dot_murmur__pb2.SessionFrame.SerializeToString,
+                response_deserializer=protos_dot_murmur__pb2.SessionFrame.FromString,
+                _registered_method=True)
+        self.Forward = channel.unary_unary(
+                '/murmur.v1.Murmur/Forward',
+                request_serializer=protos_dot_murmur__pb2.ForwardRequest.SerializeToString,
+                response_deserializer=protos_dot_murmur__pb2.SessionFrame.FromString,
+                _registered_method=True)
 
 
 class MurmurServicer:
@@ -122,6 +132,20 @@ class MurmurServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """Opened by a node that others cannot dial; carries the callee's calls to it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Forward(self, request, context):
+        """Passes a membership call on to a node behind this one's session; answers its answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MurmurServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +183,16 @@ def add_MurmurServicer_to_server(servicer, server):
                     servicer.PullModel,
                     request_deserializer=protos_dot_murmur__pb2.PullModelRequest.FromString,
                     response_serializer=protos_dot_murmur__pb2.ModelChunk.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=protos_dot_murmur__pb2.SessionFrame.FromString,
+                    response_serializer=protos_dot_murmur__pb2.SessionFrame.SerializeToString,
+            ),
+            'Forward': grpc.unary_unary_rpc_method_handler(
+                    servicer.Forward,
+                    request_deserializer=protos_dot_murmur__pb2.ForwardRequest.FromString,
+                    response_serializer=protos_dot_murmur__pb2.SessionFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -350,6 +384,60 @@ class Murmur:
             '/murmur.v1.Murmur/PullModel',
             protos_dot_murmur__pb2.PullModelRequest.SerializeToString,
             protos_dot_murmur__pb2.ModelChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/murmur.v1.Murmur/Session',
+            protos_dot_murmur__pb2.SessionFrame.SerializeToString,
+            protos_dot_murmur__pb2.SessionFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Forward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/murmur.v1.Murmur/Forward',
+            protos_dot_murmur__pb2.ForwardRequest.SerializeToString,
+            protos_dot_murmur__pb2.SessionFrame.FromString,
             options,
             channel_credentials,
             insecure,

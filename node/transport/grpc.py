@@ -12,7 +12,7 @@ import asyncio
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,14 @@ from node.transport.base import (
     iter_chunks,
 )
 from node.transport.grpc_config import GrpcTransportConfig
-from node.transport.grpc_server import REASON_KEY, Servicer, add_servicer
+from node.transport.grpc_server import REASON_KEY, Servicer, _lenient, add_servicer
+from node.transport.session import (
+    SessionTable,
+    TunnelStub,
+    forward_claim,
+    serve_session,
+    sign,
+)
 from protos import murmur_pb2_grpc
 
 if TYPE_CHECKING:
@@ -165,12 +172,20 @@ class GrpcTransport:
         self._channels: dict[str, OrderedDict[str, _Channel]] = {
             "bulk": OrderedDict(),
             "control": OrderedDict(),
+            # Dial-out sessions, each on a connection of its own.
+            "session": OrderedDict(),
         }
         #: Closes of channels replaced or let go (held so that they run to the end).
         self._closing: set[asyncio.Future[None]] = set()
         #: Checks member records before the handler sees them (set by the node; see
         #: :class:`node.security.signing.RecordScreen`); None hands them on as they came.
         self.screen: RecordScreen | None = None
+        #: Dial-out sessions that nodes others cannot dial hold to this one: calls to their
+        #: addresses go down them (node/transport/session.py).
+        self.sessions = SessionTable()
+        #: Addresses of members that nobody can dial -> the relays their records name (set by
+        #: the node from its view): membership calls to them go through a relay.
+        self.routes: dict[str, tuple[str, ...]] = {}
 
     @property
     def penalties(self) -> Penalties | None:
@@ -190,7 +205,7 @@ class GrpcTransport:
             maximum_concurrent_rpcs=self.cfg.max_concurrent_rpcs,
         )
         tls = self.cfg.tls
-        servicer = Servicer(handler, self.cfg, lambda: self.screen)
+        servicer = Servicer(handler, self.cfg, lambda: self.screen, self.sessions)
         add_servicer(servicer, server)
         host = listen.rsplit(":", 1)[0]
         try:
@@ -224,7 +239,7 @@ class GrpcTransport:
         self._closing.add(asyncio.ensure_future(entry.channel.close()))
         self._closing = {t for t in self._closing if not t.done()}
 
-    def _stub(self, address: str, lane: str = "bulk") -> murmur_pb2_grpc.MurmurStub:
+    def _stub(self, address: str, lane: str = "bulk") -> Any:
         """The stub for ``address`` on one of two connections: ``bulk`` carries models (deltas,
         snapshots, pulls), ``control`` the small, deadline-bound calls (membership pings, hellos,
         status). On a slow link a ping on the bulk connection would wait behind megabytes of
@@ -234,6 +249,9 @@ class GrpcTransport:
         unused for ``control_idle_s`` are closed: a node answers and probes any address it is
         given, and would otherwise keep a channel to each for good. Bulk channels carry
         long-lived delta streams, so only the bound applies to them."""
+        peer = self.sessions.get(address)
+        if peer is not None:  # it opened a session to us: the one way to reach it
+            return TunnelStub(peer)
         channels = self._channels[lane]
         now = self._clock.now()
         entry = channels.pop(address, None)
@@ -258,6 +276,8 @@ class GrpcTransport:
         entry.used = now
         channels[address] = entry  # most recently used last
         limit = self.cfg.control_channels if lane == "control" else self.cfg.bulk_channels
+        if lane == "session":
+            limit = self.cfg.bulk_channels
         while len(channels) > limit:
             self._let_go(channels.popitem(last=False)[1])
         if lane == "control":
@@ -314,11 +334,72 @@ class GrpcTransport:
 
     async def call_swim(self, address: str, message: SwimMessage, timeout_s: float) -> str:
         request = wire.swim_to_pb(message, PROTOCOL_VERSION)
+        relays = self.routes.get(address, ())
+        if relays and self.sessions.get(address) is None:
+            return await self._forward_swim(address, relays, request, timeout_s)
         try:
             reply = await self._stub(address, "control").Swim(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
             raise _map_error(address, err) from None
         return str(reply.node_id)
+
+    async def _forward_swim(
+        self, address: str, relays: tuple[str, ...], request: Any, timeout_s: float
+    ) -> str:
+        """A membership call for a member nobody can dial, through the first of its relays
+        that answers, signed so that the relay can neither forge nor alter it."""
+        message = request.SerializeToString()
+        frame = wire.pb.SessionFrame(method="Swim", message=message, has_message=True, end=True)
+        tls = self.cfg.tls
+        if tls is not None:
+            frame.origin_certificate = tls.cert_pem
+            frame.origin_signature = sign(tls.key_pem, forward_claim(address, "Swim", message))
+        forward = wire.pb.ForwardRequest(to=address, call=frame)
+        failure: Rejected | Unreachable = Unreachable(f"{address}: no relay answered")
+        for relay in relays:
+            try:
+                answer = await self._stub(relay, "control").Forward(forward, timeout=timeout_s)
+            except grpc.aio.AioRpcError as err:
+                failure = _map_error(relay, err)
+                continue
+            if answer.has_message:
+                return str(wire.pb.SwimReply.FromString(answer.message).node_id)
+            metadata = ((REASON_KEY, answer.reason),) if answer.reason else ()
+            code = next((c for c in grpc.StatusCode if c.value[0] == answer.code), None)
+            failure = _error_of(address, code or grpc.StatusCode.UNKNOWN, answer.details, metadata)
+            if isinstance(failure, Rejected):
+                raise failure
+        raise failure
+
+    async def hold_session(
+        self, address: str, own_address: str, on_up: Callable[[str], None] | None = None
+    ) -> None:
+        """Open a dial-out session to the member at ``address`` and serve the calls it sends
+        down it, until it ends. ``own_address`` is the address others know this node by.
+
+        Raises:
+            Unreachable: the session could not open, or it ended.
+            Rejected: the member refused it.
+        """
+        if self._servicer is None:
+            raise RuntimeError("serve() first: the session's calls are served as any other")
+        call = self._stub(address, "session").Session()
+        try:
+            await serve_session(
+                call,
+                self._servicer,
+                own_address,
+                certs=self._servicer.certs,
+                member=address,
+                lenient=_lenient,
+                on_up=on_up,
+            )
+        except grpc.aio.AioRpcError as err:
+            raise _map_error(address, err) from None
+        except PermissionError as err:
+            raise Unreachable(str(err)) from None
+        finally:
+            call.cancel()
 
     async def call_pull_model(
         self, address: str, requester: str, timeout_s: float
@@ -335,6 +416,7 @@ class GrpcTransport:
 
     async def close(self, grace_s: float) -> None:
         # Stop serving first so no new inbound work starts while channels go away.
+        self.sessions.close_all()
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None

@@ -57,6 +57,8 @@ class GrpcTransportConfig:
     #: back as above.
     membership_rate: float = 20.0
     membership_burst: float = 100.0
+    #: How long a relay waits for the answer of a membership call it passed down a session.
+    forward_timeout_s: float = 2.0
 
     def server_options(self) -> list[tuple[str, Any]]:
         return [

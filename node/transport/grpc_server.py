@@ -38,6 +38,13 @@ from node.transport.base import (
     SnapshotChunk,
 )
 from node.transport.grpc_config import GrpcTransportConfig
+from node.transport.session import (
+    FORWARDED_METHODS,
+    SessionTable,
+    end_frame,
+    session_claim,
+    sign,
+)
 from protos import murmur_pb2_grpc
 
 __all__ = ["REASON_KEY", "Servicer", "Undecodable", "add_servicer", "status_code"]
@@ -73,8 +80,11 @@ class Servicer(murmur_pb2_grpc.MurmurServicer):
         handler: Handler,
         cfg: GrpcTransportConfig,
         screen: Callable[[], RecordScreen | None],
+        sessions: SessionTable | None = None,
     ) -> None:
         self.handler = handler
+        #: Dial-out sessions held from nodes that others cannot dial (node/transport/session.py).
+        self.sessions = sessions if sessions is not None else SessionTable()
         self.cfg = cfg
         self.certs = NodeCertificates(cfg.tls.ca_pem) if cfg.tls is not None else None
         self._screen = screen
@@ -353,6 +363,102 @@ class Servicer(murmur_pb2_grpc.MurmurServicer):
             await self._refuse(context, err)
             raise AssertionError("abort returned") from err
 
+    async def Session(  # noqa: N802
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """A node that others cannot dial opened a session: prove who we are, then carry our
+        calls to it (written by the transport, see TunnelStub) until either side ends it."""
+        try:
+            caller = self._caller(context)
+            self._membership_call(caller)
+            opening = await context.read()
+            if opening is grpc.aio.EOF or isinstance(opening, Undecodable):
+                raise self._refusal(Reason.MALFORMED, "a session opens with its address")
+            address = self._decode(
+                lambda f: wire.address(f.address, "session address"), opening, caller
+            )
+            peer = self.sessions.open(address, caller)
+            if peer is None:
+                raise self._refusal(
+                    Reason.BAD_ADDRESS, f"another node holds a session for {address}"
+                )
+        except Rejected as err:
+            await self._refuse(context, err)
+            raise AssertionError("abort returned") from err
+        tls = self.cfg.tls
+        answer = wire.pb.SessionFrame()
+        if tls is not None:
+            answer.certificate = tls.cert_pem
+            answer.signature = sign(tls.key_pem, session_claim(bytes(opening.nonce)))
+        await context.write(answer)
+        log.info("session from %s at %s is up", caller[:8], address)
+
+        async def read() -> None:
+            while (frame := await context.read()) is not grpc.aio.EOF:
+                if isinstance(frame, Undecodable):
+                    break
+                peer.deliver(frame)
+
+        reading = asyncio.ensure_future(read())
+        writing: asyncio.Task[Any] | None = None
+        try:
+            while True:
+                writing = asyncio.ensure_future(peer.out.get())
+                done, _ = await asyncio.wait({reading, writing}, return_when="FIRST_COMPLETED")
+                if reading in done:
+                    break
+                frame = writing.result()
+                if frame is None:
+                    break
+                await context.write(frame)
+        finally:
+            self.sessions.closed(peer)
+            for task in (reading, writing):
+                if task is not None:
+                    task.cancel()
+            log.info("session from %s at %s closed", caller[:8], address)
+
+    async def Forward(  # noqa: N802
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> wire.pb.SessionFrame:
+        """A membership call for a node that holds a session to us, passed down it as it came
+        (signed by its maker, checked by the node); its answer comes back as it is."""
+        try:
+            with self._slot(context) as caller:
+                self._membership_call(caller)
+                raw = await self._first(requests, "ForwardRequest")
+                request = self._decode(lambda r: r, raw, caller)
+                if request.call.method not in FORWARDED_METHODS:
+                    raise self._refusal(
+                        Reason.MALFORMED, f"{request.call.method!r} is not passed on"
+                    )
+                peer = self.sessions.get(request.to)
+                if peer is None:
+                    return end_frame(
+                        0, grpc.StatusCode.UNAVAILABLE, f"no session from {request.to} here"
+                    )
+                origin = (
+                    bytes(request.call.origin_certificate),
+                    bytes(request.call.origin_signature),
+                )
+                try:
+                    answer = await peer.unary(
+                        request.call.method,
+                        bytes(request.call.message),
+                        self.cfg.forward_timeout_s,
+                        origin=origin,
+                    )
+                except grpc.aio.AioRpcError as err:
+                    reason = dict(err.trailing_metadata() or ()).get(REASON_KEY, "")
+                    return end_frame(0, err.code(), err.details() or "", str(reason))
+                finally:
+                    self.sessions.forwarded_bytes += request.ByteSize()
+                self.sessions.forwarded_bytes += answer.ByteSize()
+                return answer
+        except Rejected as err:
+            await self._refuse(context, err)
+            raise AssertionError("abort returned") from err
+
 
 class _ShutOut(Rejected):
     """A refusal of a caller shut out for good or for a while (revoked, banned)."""
@@ -418,5 +524,12 @@ def add_servicer(servicer: Servicer, server: grpc.aio.Server) -> None:
             pb.PullModelRequest,
             pb.ModelChunk,
         ),
+        "Session": handler(
+            grpc.stream_stream_rpc_method_handler,
+            servicer.Session,
+            pb.SessionFrame,
+            pb.SessionFrame,
+        ),
+        "Forward": handler(unary_in, servicer.Forward, pb.ForwardRequest, pb.SessionFrame),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

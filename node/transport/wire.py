@@ -57,6 +57,7 @@ MAX_NUMEL = 1 << 40
 MAX_PUBLIC_KEY_BYTES = 128  # an ECDSA P-256 key in DER is 91 bytes
 MAX_SIGNATURE_BYTES = 96  # a DER ECDSA P-256 signature is at most 72 bytes
 MAX_CERTIFICATE_BYTES = 2048  # a node certificate made by `murmur ca issue` is about 600 bytes
+MAX_RELAYS = 4  # a member behind NAT names the members it holds dial-out sessions to
 MAX_REVOCATION_BYTES = MAX_BLOB_BYTES
 _ID_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
 _HOST_RE = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]")
@@ -120,6 +121,8 @@ def _member_from_pb(m: pb.Member) -> MemberRecord:
         raise _malformed("member key, signature or certificate is too long")
     if len(m.accuser_signature) > MAX_SIGNATURE_BYTES:
         raise _malformed("member accuser signature is too long")
+    if len(m.relays) > MAX_RELAYS:
+        raise _malformed(f"a member names more than {MAX_RELAYS} relays")
     return MemberRecord(
         _node_id(m.node_id, "member id"),
         address(m.address, "member address"),
@@ -130,6 +133,7 @@ def _member_from_pb(m: pb.Member) -> MemberRecord:
         m.certificate,
         accuser=_node_id(m.accuser, "member accuser") if m.accuser else "",
         accuser_signature=m.accuser_signature,
+        relays=tuple(address(r, "member relay") for r in m.relays),
     )
 
 
@@ -144,6 +148,7 @@ def _member_to_pb(m: MemberRecord, certificate: bool = True) -> pb.Member:
         certificate=m.certificate if certificate else b"",
         accuser=m.accuser,
         accuser_signature=m.accuser_signature,
+        relays=m.relays,
     )
 
 
@@ -194,6 +199,7 @@ def hello_to_pb(h: Hello) -> pb.Hello:
         fingerprint=fingerprint_to_pb(h.fingerprint),
         members=[_member_to_pb(m) for m in h.members],
         revocations=h.revocations,
+        unreachable=h.unreachable,
     )
 
 
@@ -206,6 +212,7 @@ def hello_from_pb(h: pb.Hello) -> Hello:
         fingerprint=fingerprint_from_pb(h.fingerprint),
         members=_members_from_pb(h.members, "hello"),
         revocations=_revocations(h.revocations),
+        unreachable=h.unreachable,
     )
 
 

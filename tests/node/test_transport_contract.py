@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -141,12 +142,41 @@ async def grpc_pair() -> Pair:
     return server, client, address, handler
 
 
-@pytest.fixture(params=[memory_pair, grpc_pair], ids=["memory", "grpc"])
+#: Where the node behind NAT says it is: nothing listens there, so only its session reaches it.
+UNDIALLABLE = "127.0.0.1:1"
+
+
+async def session_pair() -> Pair:
+    """The handler's node cannot be dialled: it opened a dial-out session to the caller, and
+    every call to it goes down that session (node/transport/session.py)."""
+    behind = GrpcTransport(GrpcTransportConfig(max_message_bytes=16 << 20))
+    member = GrpcTransport(GrpcTransportConfig(max_message_bytes=16 << 20))
+    handler = RecordingHandler()
+    await behind.serve(handler, "127.0.0.1:0")
+    member_address = await member.serve(RecordingHandler(), "127.0.0.1:0")
+    up = asyncio.Event()
+    holding = asyncio.ensure_future(
+        behind.hold_session(member_address, UNDIALLABLE, lambda _: up.set())
+    )
+    await asyncio.wait_for(up.wait(), 10)
+    assert member.sessions.get(UNDIALLABLE) is not None
+    _holding.add(holding)
+    return behind, member, UNDIALLABLE, handler
+
+
+_holding: set[asyncio.Future[None]] = set()
+
+
+@pytest.fixture(params=[memory_pair, grpc_pair, session_pair], ids=["memory", "grpc", "session"])
 async def pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
     server, client, address, handler = await request.param()
     yield server, client, address, handler
     await client.close(0)
     await server.close(0)
+    for holding in _holding:
+        holding.cancel()
+    await asyncio.gather(*_holding, return_exceptions=True)
+    _holding.clear()
 
 
 def delta(seq: int, n: int = 500) -> Delta:
