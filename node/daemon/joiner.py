@@ -204,8 +204,14 @@ class Joiner:
         g = self.cfg.gossip
         view = self.peers.view
         ids = view.neighbours(g.topology, degree=g.degree, seed=g.seed)
-        neighbours = [m.address for m in map(view.get, ids) if m]
-        others = [m.address for m in view.members if m.node_id != self.node_id]
+        # Members nobody can dial serve pulls only down sessions, which a joiner does not hold.
+        unreachable = view.unreachable
+        neighbours = [m.address for m in map(view.get, ids) if m and m.node_id not in unreachable]
+        others = [
+            m.address
+            for m in view.members
+            if m.node_id != self.node_id and m.node_id not in unreachable
+        ]
         self.runtime.rng.shuffle(neighbours)
         self.runtime.rng.shuffle(others)
         # The helper first: it answered a moment ago.

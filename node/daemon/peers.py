@@ -7,6 +7,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import replace
 from typing import Any
 
 from gossip.membership import MemberView
@@ -14,6 +15,7 @@ from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member, TaskFingerpr
 from gossip.refusals import REFUSALS
 from gossip.swim import MemberRecord, Swim, SwimConfig
 from node.config import GossipConfig
+from node.daemon.dialout import DialOut, unreachable_address
 from node.daemon.gossiper import Gossiper
 from node.daemon.links import LinkConfig, PeerLink
 from node.daemon.membership import Membership
@@ -111,6 +113,8 @@ class Peers:
             lambda peer: self.membership.send([self.swim.ping(peer.address)]),
             gossiper.apply_neighbours,
         )
+        #: Dial-out sessions, for when nobody can dial this node (found at the join).
+        self.dialout = DialOut(transport, runtime, lambda: self.swim.address, self._relays_changed)
         self._logged_neighbours: frozenset[str] | None = None  # the last set logged
         self._spawn = spawn
         self._on_view_change = on_view_change
@@ -145,6 +149,7 @@ class Peers:
         await self.membership.leave(list(self.links), LEAVE_FANOUT)
 
     async def stop(self) -> None:
+        await self.dialout.stop()
         await self.membership.stop()
         for link in self.links.values():
             await link.stop()
@@ -227,6 +232,13 @@ class Peers:
             raise Rejected(
                 Reason.IDENTITY, "your member record is not signed by the key of its node id"
             )
+        if self.transport.holds_session(joiner.address, joiner.node_id):
+            # It cannot be dialled (so it opened a session to us first): the session, opened
+            # under its certificate, is the one way to reach it, and proves the address its own.
+            log.info("joiner %s is reached through its session to us", joiner.node_id[:8])
+            self.membership.merge([joiner, *hello.members], relayer=joiner.node_id)
+            await self.membership.settle()
+            return replace(self.hello(), unreachable=True)
         try:
             # Half the joiner's deadline for its hello, so that our answer still reaches it.
             callback_s = self.cfg.call_timeout_s / 2
@@ -275,6 +287,8 @@ class Peers:
                     await self.introduce(address)
                     return address
                 except Rejected as err:
+                    if err.reason is Reason.BAD_ADDRESS and await self._behind_nat(address):
+                        continue  # say hello again, through the session
                     if err.reason not in _RETRYABLE:
                         raise JoinError(f"{address} refused us: {err}") from err
                     if clock.now() > deadline:
@@ -306,6 +320,42 @@ class Peers:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
+    async def _behind_nat(self, address: str) -> bool:
+        """The member at ``address`` could not call us back: nobody can dial this node. Go by
+        an address of our own that never resolves and open a session to the member, through
+        which it takes us. Returns whether the session is up (once only per run)."""
+        if self.dialout.active:
+            return False
+        listen = self.swim.address
+        self.dialout.active = True
+        self.swim.address = unreachable_address(self.node_id, listen)
+        log.warning(
+            "%s cannot call this node back at %s: nobody can dial it (NAT, a firewall); taking "
+            "part through dial-out sessions, as %s",
+            address,
+            listen,
+            self.swim.address,
+        )
+        if await self.dialout.open(address, self.cfg.call_timeout_s):
+            return True
+        log.warning("no dial-out session to %s either", address)
+        return False
+
+    def _relays_changed(self, relays: tuple[str, ...]) -> None:
+        if self.swim.set_relays(relays):
+            self.membership.poke()  # the new record spreads at the head of every message
+
+    def _follow_view(self) -> None:
+        """Routes to the members nobody can dial, and (behind NAT) sessions to the
+        neighbours, which the topology chose among the members others can dial."""
+        records = self.swim.live_members()
+        self.transport.set_routes(
+            {r.address: r.relays for r in records if r.relays and r.node_id != self.node_id}
+        )
+        if self.dialout.active:
+            addresses = {m.address for m in map(self.view.get, self.neighbourhood.neighbours) if m}
+            self.dialout.want(addresses)
+
     async def _members_changed(self, changes: list[MemberRecord]) -> None:
         for r in changes:
             log.info("member %s at %s is %s", r.node_id[:8], r.address, r.status)
@@ -326,6 +376,7 @@ class Peers:
         self._topology_changed()
 
     def _topology_changed(self) -> None:
+        self._follow_view()
         self._on_links_change()
         mine = self.neighbourhood.neighbours
         if mine != self._logged_neighbours:  # the topology is recomputed at every change

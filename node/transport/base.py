@@ -7,7 +7,7 @@ whatever travelled in between. Failing to reach the peer at all raises :class:`U
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # torch only where tensors are chunked: `murmur status` does 
 
 __all__ = [
     "INVALID_ARGUMENT_REASONS",
+    "UNDIALLABLE_DOMAIN",
     "DeltaStream",
     "Handler",
     "HandshakeFailed",
@@ -31,6 +32,10 @@ __all__ = [
     "Unreachable",
     "iter_chunks",
 ]
+
+#: The domain of the addresses that nodes nobody can dial go by (node/daemon/dialout.py): a
+#: name under ".invalid" never resolves (RFC 2606).
+UNDIALLABLE_DOMAIN = ".unreachable.invalid"
 
 #: Values per snapshot chunk (1 MiB of float32).
 CHUNK_VALUES = 1 << 18
@@ -150,6 +155,21 @@ class Transport(Protocol):
         self, address: str, requester: str, timeout_s: float
     ) -> AsyncIterator[ModelChunk]:
         """The model of the node at ``address``, chunk by chunk, as they arrive."""
+        ...
+
+    async def hold_session(
+        self, address: str, own_address: str, on_up: Callable[[str], None] | None = None
+    ) -> None:
+        """Open a dial-out session to ``address`` and serve the calls that come down it until
+        it ends (node/transport/session.py); raises Unreachable or Rejected when it does."""
+        ...
+
+    def holds_session(self, address: str, node_id: str) -> bool:
+        """Whether the node ``node_id`` at ``address`` holds a session to this one."""
+        ...
+
+    def set_routes(self, routes: Mapping[str, tuple[str, ...]]) -> None:
+        """Addresses nobody can dial -> the relays that forward membership calls for them."""
         ...
 
     async def close(self, grace_s: float) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from node.security.signing import RecordScreen
 from node.telemetry.status import NodeStatus
 from node.transport import wire
 from node.transport.base import (
+    UNDIALLABLE_DOMAIN,
     Handler,
     HandshakeFailed,
     Reason,
@@ -252,6 +253,10 @@ class GrpcTransport:
         peer = self.sessions.get(address)
         if peer is not None:  # it opened a session to us: the one way to reach it
             return TunnelStub(peer)
+        if address.rpartition(":")[0].endswith(UNDIALLABLE_DOMAIN):
+            # A node nobody can dial, without a session to us: a dial would only wait for its
+            # deadline on a name that never resolves.
+            raise Unreachable(f"{address} cannot be dialled: it holds no session to this node")
         channels = self._channels[lane]
         now = self._clock.now()
         entry = channels.pop(address, None)
@@ -370,6 +375,12 @@ class GrpcTransport:
             if isinstance(failure, Rejected):
                 raise failure
         raise failure
+
+    def holds_session(self, address: str, node_id: str) -> bool:
+        return self.sessions.held_by(address, node_id)
+
+    def set_routes(self, routes: Mapping[str, tuple[str, ...]]) -> None:
+        self.routes = dict(routes)
 
     async def hold_session(
         self, address: str, own_address: str, on_up: Callable[[str], None] | None = None

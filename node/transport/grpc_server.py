@@ -377,7 +377,8 @@ class Servicer(murmur_pb2_grpc.MurmurServicer):
             address = self._decode(
                 lambda f: wire.address(f.address, "session address"), opening, caller
             )
-            peer = self.sessions.open(address, caller)
+            # Without TLS the caller is its connection, which names no node.
+            peer = self.sessions.open(address, caller if self.certs is not None else "")
             if peer is None:
                 raise self._refusal(
                     Reason.BAD_ADDRESS, f"another node holds a session for {address}"

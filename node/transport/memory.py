@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -191,6 +191,19 @@ class MemoryTransport:
             if chunk is None:
                 return
             yield chunk
+
+    async def hold_session(
+        self, address: str, own_address: str, on_up: Callable[[str], None] | None = None
+    ) -> None:
+        raise Unreachable(
+            "the in-memory network has no dial-out sessions: every address on it is dialable"
+        )
+
+    def holds_session(self, address: str, node_id: str) -> bool:
+        return False
+
+    def set_routes(self, routes: Mapping[str, tuple[str, ...]]) -> None:
+        """Nothing to route: every in-memory address is reached directly."""
 
     async def close(self, grace_s: float) -> None:
         if self.address:

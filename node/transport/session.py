@@ -106,7 +106,7 @@ def _rpc_error(code: int, details: str, reason: str) -> grpc.aio.AioRpcError:
 
 def _closed(address: str) -> grpc.aio.AioRpcError:
     return _rpc_error(
-        grpc.StatusCode.UNAVAILABLE.value[0], f"the session from {address} closed", ""
+        grpc.StatusCode.UNAVAILABLE.value[0], f"the session with {address} closed", ""
     )
 
 
@@ -377,8 +377,10 @@ class SessionTable:
         return peer if peer is not None and not peer.closed else None
 
     def held_by(self, address: str, node_id: str) -> bool:
+        """Whether ``node_id`` holds the session for ``address`` (without TLS nothing names a
+        caller, so whoever holds it)."""
         peer = self.get(address)
-        return peer is not None and peer.node_id == node_id
+        return peer is not None and peer.node_id in (node_id, "")
 
     def __len__(self) -> int:
         return sum(not p.closed for p in self._peers.values())

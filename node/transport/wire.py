@@ -416,6 +416,7 @@ def status_from_pb(s: pb.NodeStatus) -> NodeStatus:
                 m.signature,
                 accuser=m.accuser,
                 accuser_signature=m.accuser_signature,
+                relays=tuple(m.relays),
             )
             for m in s.members
         ),
