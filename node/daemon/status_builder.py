@@ -93,6 +93,7 @@ class StatusBuilder:
         ev = self.trainer.last_eval
         c = self.counters
         members, member_counts = summarise_members(self.peers.swim.records(), self.node_id)
+        sessions, relayed = self.peers.transport.session_figures()
         return NodeStatus(
             node_id=self.node_id,
             address=self.address,
@@ -117,4 +118,6 @@ class StatusBuilder:
             members=members,
             rejected=dict(c.rejected),
             member_counts=member_counts,
+            sessions=sessions,
+            relayed_bytes=relayed,
         )

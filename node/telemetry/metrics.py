@@ -108,6 +108,18 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
         s.bytes_sent_fp32,
     )
     counter("murmur_received_bytes", "Bytes of gossip messages received.", s.bytes_received)
+    counter(
+        "murmur_relayed_bytes",
+        "Bytes of membership calls passed on for nodes nobody can dial, as their relay.",
+        s.relayed_bytes,
+    )
+    out.append(
+        _gauge(
+            "murmur_sessions",
+            "Dial-out sessions that nodes nobody can dial hold to this one.",
+            s.sessions,
+        )
+    )
     train_doc = "Training loss, smoothed over about the last ten steps (NaN before the first)."
     out.append(_gauge("murmur_train_loss", train_doc, s.train_loss))
     # The old name of the same figure, kept for dashboards that use it.

@@ -76,6 +76,10 @@ class NodeStatus:
     rejected: dict[str, int] = field(default_factory=dict)
     #: Every member this node knows of, by status ("alive", "suspect", "dead", "left").
     member_counts: dict[str, int] = field(default_factory=dict)
+    #: Dial-out sessions that nodes nobody can dial hold to this one now.
+    sessions: int = 0
+    #: Bytes of membership calls this node passed on for others, as their relay.
+    relayed_bytes: int = 0
 
     @property
     def live_members(self) -> int:

@@ -172,6 +172,10 @@ class Transport(Protocol):
         """Addresses nobody can dial -> the relays that forward membership calls for them."""
         ...
 
+    def session_figures(self) -> tuple[int, int]:
+        """(dial-out sessions held to this node now, bytes it passed on as a relay)."""
+        ...
+
     async def close(self, grace_s: float) -> None:
         """Stops serving (in-flight calls get ``grace_s`` to finish) and closes every channel."""
         ...

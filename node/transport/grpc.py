@@ -382,6 +382,9 @@ class GrpcTransport:
     def set_routes(self, routes: Mapping[str, tuple[str, ...]]) -> None:
         self.routes = dict(routes)
 
+    def session_figures(self) -> tuple[int, int]:
+        return len(self.sessions), self.sessions.forwarded_bytes
+
     async def hold_session(
         self, address: str, own_address: str, on_up: Callable[[str], None] | None = None
     ) -> None:

@@ -205,6 +205,9 @@ class MemoryTransport:
     def set_routes(self, routes: Mapping[str, tuple[str, ...]]) -> None:
         """Nothing to route: every in-memory address is reached directly."""
 
+    def session_figures(self) -> tuple[int, int]:
+        return 0, 0
+
     async def close(self, grace_s: float) -> None:
         if self.address:
             self.network.unregister(self.address)

@@ -78,6 +78,11 @@ async def test_nodes_nobody_can_dial_join_and_train_through_sessions(
         assert node.trainer.last_eval.accuracy >= 0.9
     # The two behind "NAT" are never each other's neighbours: neither can dial the other.
     assert swarm["nat-2"].node_id not in swarm["nat-1"].peers.links
+    # Each public node holds a session from both, and passed on membership calls for them
+    # (nat-1 and nat-2 reach each other only through a relay).
+    statuses = [await swarm[name].status() for name in ("seed", "open")]
+    assert [s.sessions for s in statuses] == [2, 2]
+    assert sum(s.relayed_bytes for s in statuses) > 0
 
 
 async def test_when_a_relay_goes_the_nodes_behind_it_name_another(
