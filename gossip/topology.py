@@ -251,10 +251,13 @@ def reachable_graph(
     dialled: an edge needs one end that can be, since the other end opens the connection.
 
     Edges between two unreachable nodes are dropped. Each unreachable node then gets reachable
-    neighbours up to ``anchors``, chosen by rendezvous hashing of the two ids (the same on every
-    node, and moving few edges when members come or go), and the reachable nodes are joined in a
-    ring of their own, so the graph stays connected whatever edges were dropped. With no
-    unreachable node, or none reachable, the graph is returned as it is.
+    neighbours until it has as many as it had (at least ``anchors``, at most every reachable
+    node), chosen by rendezvous hashing of the two ids (the same on every node, and moving few
+    edges when members come or go), and the reachable nodes are joined in a ring of their own,
+    so the graph stays connected whatever edges were dropped. Keeping the degrees keeps the
+    mixing about as fast as with everyone reachable while most nodes are; the reachable nodes
+    carry the edges (bench/nat_topology.py measures both). With no unreachable node, or none
+    reachable, the graph is returned as it is.
     """
     unreachable = unreachable & frozenset(graph.nodes)
     reachable = [n for n in graph.nodes if n not in unreachable]
@@ -271,8 +274,10 @@ def reachable_graph(
             if j in unreachable:
                 adj[u].discard(j)
                 adj[j].discard(u)
+    degree = {n: len(graph.adj[n]) for n in graph.nodes}
     for u in sorted(unreachable):
-        want = min(anchors, len(reachable))
+        # As many reachable neighbours as the edges it lost (its degree, as far as can be).
+        want = min(max(anchors, degree[u]), len(reachable))
         by_rank = sorted(reachable, key=lambda r: hashlib.sha256(f"{u}|{r}".encode()).digest())
         for r in by_rank:
             if len(adj[u]) >= want:
