@@ -115,6 +115,8 @@ class Peers:
         )
         #: Dial-out sessions, for when nobody can dial this node (found at the join).
         self.dialout = DialOut(transport, runtime, lambda: self.swim.address, self._relays_changed)
+        #: Members that refused our call-back, to whom we said hello again through a session.
+        self._hello_through_session: set[str] = set()
         self._logged_neighbours: frozenset[str] | None = None  # the last set logged
         self._spawn = spawn
         self._on_view_change = on_view_change
@@ -322,20 +324,24 @@ class Peers:
 
     async def _behind_nat(self, address: str) -> bool:
         """The member at ``address`` could not call us back: nobody can dial this node. Go by
-        an address of our own that never resolves and open a session to the member, through
-        which it takes us. Returns whether the session is up (once only per run)."""
-        if self.dialout.active:
+        an address of our own that never resolves (once) and open a session to the member,
+        through which it takes us. Returns whether to say hello again: the session is up, and
+        this is the first time this member refused us (a refusal through the session is
+        final)."""
+        if address in self._hello_through_session:
             return False
-        listen = self.swim.address
-        self.dialout.active = True
-        self.swim.address = unreachable_address(self.node_id, listen)
-        log.warning(
-            "%s cannot call this node back at %s: nobody can dial it (NAT, a firewall); taking "
-            "part through dial-out sessions, as %s",
-            address,
-            listen,
-            self.swim.address,
-        )
+        self._hello_through_session.add(address)
+        if not self.dialout.active:
+            listen = self.swim.address
+            self.dialout.active = True
+            self.swim.address = unreachable_address(self.node_id, listen)
+            log.warning(
+                "%s cannot call this node back at %s: nobody can dial it (NAT, a firewall); "
+                "taking part through dial-out sessions, as %s",
+                address,
+                listen,
+                self.swim.address,
+            )
         if await self.dialout.open(address, self.cfg.call_timeout_s):
             return True
         log.warning("no dial-out session to %s either", address)

@@ -25,28 +25,55 @@ NOWHERE = "127.0.0.1:1"
 NAMES = ("seed", "open", "nat-1", "nat-2")
 
 
+async def start_swarm(
+    tmp_path: Path, names: tuple[str, ...], nodes: dict[str, Node], join_all: bool = False
+) -> None:
+    """Start ``names`` in order (those named "nat..." advertise where nothing listens), each
+    joining through the first (``join_all``: through every node started before it)."""
+    init_ca(tmp_path / "ca")
+    for i, name in enumerate(names):
+        issue_node(tmp_path / "ca", tmp_path / name, name)
+        transport = GrpcTransport(GrpcTransportConfig(tls=files(tmp_path / name)))
+        join = [n.address for n in nodes.values()]
+        cfg = config(
+            tmp_path / name,
+            insecure=False,
+            shard_index=i,
+            shard_count=len(names),
+            wait_members=len(names),
+            join=tuple(join if join_all else join[:1]),
+            advertise=NOWHERE if name.startswith("nat") else None,
+            **{"trainer.steps": 300, "gossip.idle_round_interval_s": None},
+        )
+        node = await Node.create(cfg, transport=transport)
+        nodes[name] = node
+        await node.start()
+
+
 @pytest.fixture
 async def swarm(tmp_path: Path) -> AsyncIterator[dict[str, Node]]:
-    init_ca(tmp_path / "ca")
     nodes: dict[str, Node] = {}
     try:
-        for i, name in enumerate(NAMES):
-            issue_node(tmp_path / "ca", tmp_path / name, name)
-            transport = GrpcTransport(GrpcTransportConfig(tls=files(tmp_path / name)))
-            cfg = config(
-                tmp_path / name,
-                insecure=False,
-                shard_index=i,
-                shard_count=len(NAMES),
-                wait_members=len(NAMES),
-                join=(nodes["seed"].address,) if nodes else (),
-                advertise=NOWHERE if name.startswith("nat") else None,
-                **{"trainer.steps": 300, "gossip.idle_round_interval_s": None},
-            )
-            node = await Node.create(cfg, transport=transport)
-            nodes[name] = node
-            await node.start()
+        await start_swarm(tmp_path, NAMES, nodes)
         yield nodes
+    finally:
+        for node in nodes.values():
+            await node.stop(grace_s=0)
+
+
+async def test_a_node_behind_nat_given_several_members_joins_through_them(
+    tmp_path: Path,
+) -> None:
+    """Every join address is tried at once: each refuses the call-back, and each gets a
+    session and a second hello."""
+    nodes: dict[str, Node] = {}
+    try:
+        await start_swarm(tmp_path, ("seed", "open", "nat"), nodes, join_all=True)
+        for node in nodes.values():
+            await node.wait_until(node.training_finished.is_set, TIMEOUT_S)
+        nat = nodes["nat"]
+        assert set(nat.peers.swim.me.relays) == {nodes["seed"].address, nodes["open"].address}
+        assert set(nat.peers.links) == {nodes["seed"].node_id, nodes["open"].node_id}
     finally:
         for node in nodes.values():
             await node.stop(grace_s=0)
