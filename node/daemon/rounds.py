@@ -121,6 +121,7 @@ class RoundScheduler:
                 return
             delta = fut.result()
             if delta is None:
+                self.counters.rounds_skipped += 1
                 return
             self.counters.rounds += 1
             self.counters.histograms.round_seconds.observe(self.clock.now() - began)

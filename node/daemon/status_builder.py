@@ -109,6 +109,7 @@ class StatusBuilder:
             eval_step=ev.step if ev else -1,
             eval_age_s=self.clock.now() - ev.time if ev else -1.0,
             rounds=c.rounds,
+            rounds_skipped=c.rounds_skipped,
             bytes_sent=c.bytes_sent,
             bytes_sent_fp32=c.bytes_sent_fp32,
             bytes_received=c.bytes_received,

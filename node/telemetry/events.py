@@ -34,6 +34,9 @@ class Counters:
     bytes_sent_fp32: int = 0
     bytes_received: int = 0
     rounds: int = 0
+    #: Rounds begun but not made: nothing worth its bytes to send (the event trigger), or no
+    #: neighbour to send to.
+    rounds_skipped: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     #: Bytes received, by sender.
     received_from: Counter[str] = field(default_factory=Counter)

@@ -101,6 +101,11 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
     counter("murmur_training_steps", "Local training steps taken.", s.step)
     counter("murmur_training_samples", "Training examples seen.", s.samples)
     counter("murmur_gossip_rounds", "Gossip rounds made.", s.rounds)
+    counter(
+        "murmur_gossip_rounds_skipped",
+        "Rounds begun but not made: nothing worth its bytes to send, or no neighbour.",
+        s.rounds_skipped,
+    )
     counter("murmur_sent_bytes", "Bytes of gossip messages sent.", s.bytes_sent)
     counter(
         "murmur_sent_fp32_equivalent_bytes",

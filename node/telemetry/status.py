@@ -80,6 +80,8 @@ class NodeStatus:
     sessions: int = 0
     #: Bytes of membership calls this node passed on for others, as their relay.
     relayed_bytes: int = 0
+    #: Rounds begun but not made: nothing worth its bytes (the event trigger), or no neighbour.
+    rounds_skipped: int = 0
 
     @property
     def live_members(self) -> int:
@@ -147,11 +149,16 @@ def format_status(s: NodeStatus) -> str:
     lines = [
         f"node {s.node_id[:12]} at {s.address} ({s.device}, codec {s.codec})",
         f"  step {s.step}{budget}{' (done)' if s.training_done else ''}  "
-        f"{s.samples_per_s:.0f} samples/s  rounds {s.rounds}",
+        f"{s.samples_per_s:.0f} samples/s  rounds {s.rounds} ({s.rounds_skipped} skipped)",
         f"  train_loss {_fmt(s.train_loss, '.4f')}  {eval_summary(s)}",
         f"  sent {fmt_size(s.bytes_sent)} ({100 * s.compression_ratio:.1f}% of fp32)  "
         f"received {fmt_size(s.bytes_received)}",
     ]
+    if s.sessions or s.relayed_bytes:
+        lines.append(
+            f"  sessions held for nodes behind NAT {s.sessions}  "
+            f"relayed {fmt_size(s.relayed_bytes)}"
+        )
     if s.rejected:
         lines.append("  rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(s.rejected.items())))
     lines.append(f"  neighbours ({len(s.neighbours)}):")

@@ -66,6 +66,8 @@ async def test_a_scrape_reads_the_nodes_training_gossip_and_membership(tmp_path:
         "murmur_training_steps",
         "murmur_training_samples",
         "murmur_gossip_rounds",
+        "murmur_gossip_rounds_skipped",
+        "murmur_relayed_bytes",
         "murmur_sent_bytes",
         "murmur_received_bytes",
         "murmur_rejected_messages",

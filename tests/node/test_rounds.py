@@ -114,3 +114,4 @@ async def test_a_round_with_nothing_to_send_offers_nothing(result: str | None) -
     assert rounds.try_round(2)  # the round is no longer being made
     assert links.offered == []
     assert counters.rounds == 0
+    assert counters.rounds_skipped == (1 if result is None else 0)
