@@ -14,6 +14,7 @@ from gossip.robust import ATTACKS  # test-only attacks (GossipConfig.attack)
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
 from gossip.trigger import TriggerConfig
+from node.daemon.pacing import MIN_UPLOAD_RATE
 from node.daemon.trainer import TrainerConfig
 from node.settings import FLAG_KEYS, RunSettings
 from node.settings_sources import load_settings
@@ -80,6 +81,8 @@ class GossipConfig:
     outer_lr: DiLoCo-style outer Nesterov step on each round's change of the model, with this
         learning rate (gossip/outer.py); None: off.
     outer_momentum: its Nesterov momentum.
+    max_upload_rate: bytes per second the node sends at most, on all its links together and
+        with protocol overhead (node/daemon/pacing.py); None: no cap.
     """
 
     topology: str = "exponential"
@@ -102,6 +105,7 @@ class GossipConfig:
     attack: str | None = None
     outer_lr: float | None = None
     outer_momentum: float = 0.9
+    max_upload_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.idle_round_interval_s is not None and self.idle_round_interval_s <= 0:
@@ -128,6 +132,11 @@ class GossipConfig:
         if self.attack is not None and self.attack not in ATTACKS:
             raise ValueError(f"unknown attack {self.attack!r}; known: {', '.join(ATTACKS)}")
         TriggerConfig(self.trigger_threshold, self.heartbeat_s)  # raises on values it refuses
+        if self.max_upload_rate is not None and self.max_upload_rate < MIN_UPLOAD_RATE:
+            raise ValueError(
+                f"max_upload_rate must be at least {MIN_UPLOAD_RATE} bytes/s (membership alone "
+                f"needs a few kB/s), got {self.max_upload_rate:g}"
+            )
 
     @property
     def trigger_config(self) -> TriggerConfig | None:

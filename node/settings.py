@@ -24,12 +24,15 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
+    ByteSize,
     ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
 )
 from pydantic_settings import NoDecode
+
+from node.daemon.pacing import MIN_UPLOAD_RATE
 
 __all__ = [
     "ATTACKS",
@@ -145,6 +148,17 @@ class TrainerSettings(_Schema):
     )
 
 
+def _per_second(value: object) -> object:
+    """A rate as users write it: ``2MB/s`` is ``2MB`` a second."""
+    if isinstance(value, str) and value.strip().lower().endswith("/s"):
+        return value.strip()[:-2]
+    return value
+
+
+#: Bytes per second, with units (200KB, 2MiB, 2MB/s): pydantic's ByteSize.
+UploadRate = Annotated[ByteSize, BeforeValidator(_per_second), Field(ge=MIN_UPLOAD_RATE)]
+
+
 class GossipSettings(_Schema):
     """``[gossip]``: :class:`node.config.GossipConfig`."""
 
@@ -194,6 +208,11 @@ class GossipSettings(_Schema):
         None, description="DiLoCo-style outer Nesterov step's learning rate (none: off)"
     )
     outer_momentum: Fraction = Field(0.9, description="momentum of the outer step")
+    max_upload_rate: UploadRate | None = Field(
+        None,
+        description="bytes a second the node sends at most, all links and overhead together "
+        "(200KB/s, 2MiB/s; none: no cap)",
+    )  # membership keeps a tenth of it; at least 16kB/s
 
 
 class MembershipSettings(_Schema):
@@ -338,6 +357,7 @@ FLAG_KEYS: dict[str, str] = {
     "heartbeat": "gossip.heartbeat_s",
     "outer-lr": "gossip.outer_lr",
     "outer-momentum": "gossip.outer_momentum",
+    "max-upload-rate": "gossip.max_upload_rate",
     "robust": "gossip.robust",
     "byzantine-fraction": "gossip.byzantine_fraction",
     "attack": "gossip.attack",

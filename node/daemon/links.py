@@ -27,6 +27,7 @@ from gossip.link import Link, LinkConfig, LinkStats, SendDelta, SendSnapshot
 from gossip.messages import Delta, Member, SnapshotHeader
 from gossip.outbox import Outbox
 from node.daemon.aio import cancel_and_wait
+from node.daemon.pacing import UploadPacer
 from node.runtime import Runtime
 from node.telemetry.events import Counters
 from node.transport import wire
@@ -57,6 +58,7 @@ class PeerLink:
     runtime: the clock the link's deadlines are read on (the loop's, which arms its timers)
         and the RNG its back-off's jitter is forked from.
     on_change: called whenever the link may have become busy or idle.
+    pacer: the node's upload cap, shared by its links (None: no cap).
     """
 
     def __init__(
@@ -68,8 +70,10 @@ class PeerLink:
         counters: Counters,
         runtime: Runtime,
         on_change: Callable[[], None] = lambda: None,
+        pacer: UploadPacer | None = None,
     ) -> None:
         self.peer = peer
+        self._pacer = pacer
         self.transport = transport
         self.cfg = cfg
         self.counters = counters
@@ -192,6 +196,8 @@ class PeerLink:
         self.machine.snapshot_taken(epoch, header.seq, self._now())
         self._changed()
         nbytes = wire.snapshot_nbytes(header)
+        if self._pacer is not None:
+            await self._pacer.take(nbytes)
         timeout_s = transfer_timeout_s(self.cfg.call_timeout_s, nbytes)
         await self.transport.call_push_snapshot(self.peer.address, header, values, timeout_s)
         self.machine.snapshot_answered(epoch, self._now())
@@ -205,8 +211,10 @@ class PeerLink:
     async def _send_delta(self, command: SendDelta) -> None:
         assert self._stream is not None
         delta = command.delta
-        await self._stream.send(delta)
         nbytes = wire.delta_nbytes(delta)
+        if self._pacer is not None:
+            await self._pacer.take(nbytes)
+        await self._stream.send(delta)
         self.stats.bytes_sent += nbytes
         self.counters.bytes_sent += nbytes
         self.counters.bytes_sent_fp32 += wire.delta_fp32_nbytes(delta)

@@ -20,6 +20,7 @@ from node.daemon.gossiper import Gossiper
 from node.daemon.links import LinkConfig, PeerLink
 from node.daemon.membership import Membership
 from node.daemon.neighbourhood import Neighbourhood
+from node.daemon.pacing import UploadPacer
 from node.daemon.steps import run_on
 from node.runtime import Runtime
 from node.security.penalties import LogLimiter, RateConfig, RateLimiter, held_back
@@ -117,6 +118,12 @@ class Peers:
         self.dialout = DialOut(transport, runtime, lambda: self.swim.address, self._relays_changed)
         #: Members that refused our call-back, to whom we said hello again through a session.
         self._hello_through_session: set[str] = set()
+        #: The upload cap, shared by every link (None: no cap).
+        self.pacer = (
+            UploadPacer(cfg.max_upload_rate, clock, runtime.sleep)
+            if cfg.max_upload_rate is not None
+            else None
+        )
         self._logged_neighbours: frozenset[str] | None = None  # the last set logged
         self._spawn = spawn
         self._on_view_change = on_view_change
@@ -403,6 +410,7 @@ class Peers:
             self.counters,
             self.runtime,
             on_change=self._on_links_change,
+            pacer=self.pacer,
         )
         link.start()
         return link

@@ -16,6 +16,7 @@ from node.daemon.signals import Signals
 from node.daemon.steps import Steps, run_on
 from node.daemon.trainer import Trainer
 from node.telemetry.status import NodeStatus
+from node.transport.base import CHUNK_VALUES
 
 __all__ = ["DaemonPort"]
 
@@ -66,6 +67,17 @@ class DaemonPort:
     async def model_copy(self) -> tuple[torch.Tensor, int]:
         values = await self._gossiper.model_copy()
         return values, self._trainer.step
+
+    @property
+    def upload_chunk_values(self) -> int:
+        pacer = self._peers.pacer
+        return (
+            CHUNK_VALUES if pacer is None else max(1024, min(CHUNK_VALUES, pacer.chunk_bytes // 4))
+        )
+
+    async def pace_upload(self, nbytes: int) -> None:
+        if self._peers.pacer is not None:
+            await self._peers.pacer.take(nbytes)
 
     async def on_worker(self, steps: Steps[T]) -> T:
         return await run_on(steps, self._gossiper.run)

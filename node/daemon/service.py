@@ -57,6 +57,16 @@ class ServicePort(Protocol):
         """A copy of the model to serve, and the step it is at."""
         ...
 
+    async def pace_upload(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more of model may go under the upload cap (at once without)."""
+        ...
+
+    @property
+    def upload_chunk_values(self) -> int:
+        """Values per chunk of a model served: under an upload cap, no more than it lets go at
+        once, so that the chunks go out paced rather than in one burst."""
+        ...
+
     async def on_worker(self, steps: Steps[T]) -> T:
         """Run an inbound path's steps where the gossip state lives."""
         ...
@@ -145,7 +155,8 @@ class NodeService:
         # One copy of the model, cut into chunks as the stream drains: memory stays bounded.
         values, step = await self.port.model_copy()
         log.info("sending our model to %s (%d values)", requester[:8], values.numel())
-        for chunk in iter_chunks(values):
+        for chunk in iter_chunks(values, self.port.upload_chunk_values):
+            await self.port.pace_upload(len(chunk.data))  # a pull is upload as gossip is
             yield ModelChunk(values.numel(), chunk.offset, chunk.data, step)
 
     async def rpc_push_delta(self, delta: Delta) -> int:

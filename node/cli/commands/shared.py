@@ -164,6 +164,13 @@ def add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         help=flag_help("gossip.heartbeat_s"),
     )
     p.add_argument(
+        "--max-upload-rate",
+        dest="gossip.max_upload_rate",
+        metavar="RATE",
+        default=d,
+        help=flag_help("gossip.max_upload_rate"),
+    )
+    p.add_argument(
         "--outer-lr",
         dest="gossip.outer_lr",
         metavar="LR",

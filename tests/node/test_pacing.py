@@ -1,0 +1,86 @@
+"""The upload cap (node/daemon/pacing.py) on virtual time: links that share one pacer send, all
+together, no more than the models' share of the cap over any window of a second and more, and
+as much as it allows when they have more to send."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from gossip.clock import ManualClock
+from node.daemon.pacing import (
+    BURST_S,
+    MEMBERSHIP_SHARE,
+    MIN_UPLOAD_RATE,
+    WIRE_OVERHEAD,
+    UploadPacer,
+)
+from node.settings_sources import SettingsError, load_settings
+from tests.vtime import runtime, virtual, virtual_now
+
+RATE = 200_000.0
+WINDOWS_S = (1.0, 2.0, 5.0)
+
+
+def most_in_any_window(sends: list[tuple[float, int]], window_s: float) -> int:
+    """The most bytes sent within any ``window_s`` (a window starting at each send)."""
+    return max(sum(n for at, n in sends if start <= at < start + window_s) for start, _ in sends)
+
+
+@virtual
+async def test_links_sharing_a_pacer_keep_under_the_cap_over_every_window() -> None:
+    rt = runtime(0)
+    pacer = UploadPacer(RATE, rt.clock, rt.sleep)
+    sends: list[tuple[float, int]] = []
+    draw = random.Random(1)
+
+    async def link(sizes: list[int]) -> None:
+        for nbytes in sizes:
+            await pacer.take(nbytes)
+            sends.append((virtual_now(), nbytes))
+
+    # Three links with more to send than the cap allows: deltas of 5-40 kB.
+    await asyncio.gather(*(link([draw.randint(5_000, 40_000) for _ in range(60)]) for _ in "abc"))
+    share = RATE * (1 - MEMBERSHIP_SHARE) / WIRE_OVERHEAD
+    for window_s in WINDOWS_S:
+        # The bucket's burst is all that a window may hold beyond its share.
+        assert most_in_any_window(sends, window_s) <= share * (window_s + BURST_S) + 40_000
+        assert most_in_any_window(sends, window_s) * WIRE_OVERHEAD <= RATE * (window_s + BURST_S)
+    total = sum(n for _, n in sends)
+    elapsed = max(at for at, _ in sends)
+    assert total / elapsed == pytest.approx(share, rel=0.05)  # and no slower than its share
+
+
+@virtual
+async def test_a_message_bigger_than_the_bucket_waits_for_a_full_one_and_leaves_a_debt() -> None:
+    rt = runtime(0)
+    pacer = UploadPacer(MIN_UPLOAD_RATE, rt.clock, rt.sleep)
+    big = int(pacer.capacity * 4)
+    await pacer.take(big)  # the bucket starts full
+    began = virtual_now()
+    await pacer.take(1_000)
+    # The debt of three buckets, then the thousand bytes, at the models' rate.
+    assert virtual_now() - began == pytest.approx((big - pacer.capacity + 1_000) / pacer.model_rate)
+
+
+def test_a_cap_below_what_membership_needs_is_refused() -> None:
+    with pytest.raises(ValueError, match="membership alone needs a few kB/s"):
+        UploadPacer(MIN_UPLOAD_RATE - 1, ManualClock(), asyncio.sleep)
+    with pytest.raises(SettingsError, match="max-upload-rate"):
+        load_settings(
+            environ={},
+            flags={"gossip.max_upload_rate": "10kB/s"},
+            flag_labels={"gossip.max_upload_rate": "--max-upload-rate"},
+        )
+
+
+@pytest.mark.parametrize(
+    ("written", "rate"),
+    [("200KB/s", 200_000), ("2MiB/s", 2 * 1024 * 1024), ("500kB", 500_000), ("16000", 16_000)],
+)
+def test_a_rate_is_read_with_its_units(written: str, rate: int) -> None:
+    settings = load_settings(environ={}, flags={"gossip.max_upload_rate": written})
+    assert settings.gossip.max_upload_rate == rate
+    assert load_settings(environ={}).gossip.max_upload_rate is None  # no cap unless asked
