@@ -219,6 +219,8 @@ def node_argv(
         argv.append("--no-trigger")
     if g.robust:
         argv += ["--robust", "--byzantine-fraction", str(g.byzantine_fraction)]
+    if g.max_upload_rate is not None:
+        argv += ["--max-upload-rate", f"{g.max_upload_rate:.0f}"]
     if g.attack is not None and index == cfg.nodes - 1:
         argv += ["--attack", g.attack]  # testing robustness: the last node is the attacker
     if cfg.alpha is not None:

@@ -150,6 +150,8 @@ class SimConfig:
             raise ValueError("wait_timeout_s must be positive")
         if self.steps == 0 and self.gossip.idle_round_interval_s is None:
             raise ValueError("gossip alone (steps 0) needs idle rounds: set idle_round_interval_s")
+        if self.gossip.max_upload_rate is not None:
+            raise ValueError("the simulator does not model --max-upload-rate yet: leave it off")
         if not 0 <= self.attackers < 1:
             raise ValueError("attackers is a share of the nodes, in [0, 1)")
         if (self.attackers > 0) != (self.gossip.attack is not None):

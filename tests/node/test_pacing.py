@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import pytest
 
 from gossip.clock import ManualClock
+from node.cli.swarm import SwarmConfig, node_argv
+from node.config import GossipConfig
 from node.daemon.pacing import (
     BURST_S,
     MEMBERSHIP_SHARE,
@@ -18,6 +21,7 @@ from node.daemon.pacing import (
     UploadPacer,
 )
 from node.settings_sources import SettingsError, load_settings
+from node.sim import SimConfig
 from tests.vtime import runtime, virtual, virtual_now
 
 RATE = 200_000.0
@@ -63,6 +67,14 @@ async def test_a_message_bigger_than_the_bucket_waits_for_a_full_one_and_leaves_
     await pacer.take(1_000)
     # The debt of three buckets, then the thousand bytes, at the models' rate.
     assert virtual_now() - began == pytest.approx((big - pacer.capacity + 1_000) / pacer.model_rate)
+
+
+def test_murmur_swarm_hands_the_cap_to_its_nodes_and_the_simulator_refuses_it() -> None:
+    gossip = GossipConfig(max_upload_rate=250_000)
+    argv = node_argv(SwarmConfig(gossip=gossip), 1, Path("state"), None)
+    assert argv[argv.index("--max-upload-rate") + 1] == "250000"
+    with pytest.raises(ValueError, match="does not model --max-upload-rate"):
+        SimConfig(nodes=4, gossip=gossip)
 
 
 def test_a_cap_below_what_membership_needs_is_refused() -> None:
