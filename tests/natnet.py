@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.netns import can_build_testnets, sh
+from tests.netns import Testnet, can_build_testnets, sh
 
 __all__ = ["NatNet"]
 
@@ -153,10 +153,7 @@ class NatNet:
                     pass
             sh("ip", "link", "del", self.bridge, check=False)
 
-    @staticmethod
-    def _bridge_filtered() -> bool:
-        flag = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
-        return flag.exists() and flag.read_text().strip() == "1"
+    _bridge_filtered = staticmethod(Testnet._bridge_filtered)
 
     # -- checks -------------------------------------------------------------------------------
 

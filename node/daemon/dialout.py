@@ -59,8 +59,6 @@ class DialOut:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._up: dict[str, asyncio.Event] = {}
         self.relays: tuple[str, ...] = ()
-        #: Sessions opened, over the node's life (for figures and tests).
-        self.opened = 0
 
     @property
     def up(self) -> frozenset[str]:
@@ -102,7 +100,6 @@ class DialOut:
 
             def on_up(_: str, event: asyncio.Event = event) -> None:
                 event.set()
-                self.opened += 1
                 log.info("dial-out session to %s is up", address)
                 self._update_relays()
 

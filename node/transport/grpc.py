@@ -37,14 +37,9 @@ from node.transport.base import (
     iter_chunks,
 )
 from node.transport.grpc_config import GrpcTransportConfig
-from node.transport.grpc_server import REASON_KEY, Servicer, _lenient, add_servicer
-from node.transport.session import (
-    SessionTable,
-    TunnelStub,
-    forward_claim,
-    serve_session,
-    sign,
-)
+from node.transport.grpc_server import REASON_KEY, Servicer, add_servicer, lenient
+from node.transport.session import SessionTable, TunnelStub, forward_claim, sign
+from node.transport.session_serve import serve_session
 from protos import murmur_pb2_grpc
 
 if TYPE_CHECKING:
@@ -405,7 +400,7 @@ class GrpcTransport:
                 own_address,
                 certs=self._servicer.certs,
                 member=address,
-                lenient=_lenient,
+                lenient=lenient,
                 on_up=on_up,
             )
         except grpc.aio.AioRpcError as err:

@@ -47,7 +47,7 @@ from node.transport.session import (
 )
 from protos import murmur_pb2_grpc
 
-__all__ = ["REASON_KEY", "Servicer", "Undecodable", "add_servicer", "status_code"]
+__all__ = ["REASON_KEY", "Servicer", "Undecodable", "add_servicer", "lenient", "status_code"]
 
 log = logging.getLogger(__name__)
 
@@ -477,7 +477,7 @@ class Undecodable:
     nbytes: int
 
 
-def _lenient(message: type[Any]) -> Callable[[bytes], Any]:
+def lenient(message: type[Any]) -> Callable[[bytes], Any]:
     """A deserializer that hands bytes that do not parse on as :class:`Undecodable`, so the
     servicer refuses them like any malformed message (counted, INVALID_ARGUMENT) instead of
     gRPC failing the call as UNKNOWN before the node ever sees it."""
@@ -498,7 +498,7 @@ def add_servicer(servicer: Servicer, server: grpc.aio.Server) -> None:
     def handler(kind: Callable[..., Any], method: Any, request: Any, response: Any) -> Any:
         return kind(
             method,
-            request_deserializer=_lenient(request),
+            request_deserializer=lenient(request),
             response_serializer=response.SerializeToString,
         )
 

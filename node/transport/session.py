@@ -9,10 +9,10 @@ opened by the node behind NAT, carries everything between the two, both ways.
   that holds a session to it is written down that session instead of dialled. The stub has the
   generated stub's methods and raises ``grpc.aio.AioRpcError`` as a real call does, so the
   transport above maps its refusals the same way.
-* At the node behind NAT (:func:`serve_session`): each call that comes down the session is run by
-  the same :class:`~node.transport.grpc_server.Servicer` as a call over a socket, with a context
-  that names the caller by the certificate the member proved at the opening (it signs the node's
-  nonce), so every call is judged as any other.
+* At the node behind NAT (``serve_session``, node/transport/session_serve.py): each call that
+  comes down the session is run by the same :class:`~node.transport.grpc_server.Servicer` as a
+  call over a socket, with a context that names the caller by the certificate the member proved
+  at the opening (it signs the node's nonce), so every call is judged as any other.
 * A member that holds no session to such a node reaches it through one of its relays (the members
   its record names): ``Forward`` carries one membership call, signed by the member that made it,
   so the relay can neither forge nor alter it; the node checks the signature.
@@ -21,31 +21,32 @@ opened by the node behind NAT, carries everything between the two, both ways.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import grpc.aio
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from node.security.signing import signature_holds
 from node.transport import wire
 
 __all__ = [
     "FORWARDED_METHODS",
+    "METHODS",
     "SessionTable",
     "TunnelPeer",
     "TunnelStub",
+    "closed_error",
+    "end_frame",
     "forward_claim",
-    "serve_session",
     "session_claim",
+    "sign",
+    "signed_by",
 ]
 
 log = logging.getLogger(__name__)
@@ -90,12 +91,12 @@ def signed_by(cert_pem: bytes, data: bytes, signature: bytes) -> bool:
     """Whether ``signature`` over ``data`` holds for the key of ``cert_pem``."""
     try:
         key = x509.load_pem_x509_certificate(cert_pem).public_key()
-        if not isinstance(key, ec.EllipticCurvePublicKey):
-            return False
-        key.verify(signature, data, _ECDSA)
-    except (ValueError, TypeError, InvalidSignature):
+    except ValueError:
         return False
-    return True
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return signature_holds(der, data, signature)
 
 
 def _rpc_error(code: int, details: str, reason: str) -> grpc.aio.AioRpcError:
@@ -104,7 +105,7 @@ def _rpc_error(code: int, details: str, reason: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(status, grpc.aio.Metadata(), trailing, details)
 
 
-def _closed(address: str) -> grpc.aio.AioRpcError:
+def closed_error(address: str) -> grpc.aio.AioRpcError:
     return _rpc_error(
         grpc.StatusCode.UNAVAILABLE.value[0], f"the session with {address} closed", ""
     )
@@ -136,21 +137,17 @@ class TunnelPeer:
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count(1)
         self.closed = False
-        #: Bytes written and read down the session (for the relay's figures).
-        self.bytes_out = 0
-        self.bytes_in = 0
 
     def start(self) -> tuple[int, _Call]:
         if self.closed:
-            raise _closed(self.address)
+            raise closed_error(self.address)
         call_id = next(self._ids)
         call = self._calls[call_id] = _Call()
         return call_id, call
 
     def send(self, frame: Any) -> None:
         if self.closed:
-            raise _closed(self.address)
-        self.bytes_out += frame.ByteSize()
+            raise closed_error(self.address)
         self.out.put_nowait(frame)
 
     def finish(self, call_id: int) -> None:
@@ -158,7 +155,6 @@ class TunnelPeer:
 
     def deliver(self, frame: Any) -> None:
         """A frame from the node: to the call it belongs to (a late one is dropped)."""
-        self.bytes_in += frame.ByteSize()
         call = self._calls.get(frame.call)
         if call is not None:
             call.frames.put_nowait(frame)
@@ -213,7 +209,7 @@ class TunnelPeer:
 async def _next(call: _Call, address: str) -> Any:
     frame = await call.frames.get()
     if frame is None:
-        raise _closed(address)
+        raise closed_error(address)
     return frame
 
 
@@ -389,179 +385,3 @@ class SessionTable:
         for peer in list(self._peers.values()):
             peer.close()
         self._peers.clear()
-
-
-# -- at the node behind NAT: calls up a session ----------------------------------------------
-
-
-class SessionContext:
-    """What the servicer reads of a call's context, for a call that came down a session: the
-    caller's certificate (proved at the opening, or by the forwarded call's signature)."""
-
-    def __init__(self, peer: str, cert_pem: bytes | None) -> None:
-        self._peer = peer
-        self._cert = cert_pem
-        self.finished = False
-
-    def peer(self) -> str:
-        return self._peer
-
-    def auth_context(self) -> dict[str, list[bytes]]:
-        return {"x509_pem_cert": [self._cert]} if self._cert else {}
-
-    def done(self) -> bool:
-        return self.finished
-
-    async def abort(self, code: grpc.StatusCode, details: str, trailing_metadata: Any = ()) -> None:
-        reason = next((v for k, v in trailing_metadata if k == REASON_KEY), "")
-        raise _Aborted(code, details, str(reason))
-
-
-class _Aborted(grpc.aio.AbortError):
-    """How a servicer's abort ends a call that came down a session."""
-
-    def __init__(self, code: grpc.StatusCode, details: str, reason: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-        self.reason = reason
-
-
-@dataclass
-class _Incoming:
-    requests: asyncio.Queue[Any]
-    task: asyncio.Task[None] | None = None
-
-
-async def serve_session(
-    call: Any,
-    servicer: Any,
-    address: str,
-    *,
-    certs: Any | None,
-    member: str,
-    lenient: Callable[[type[Any]], Callable[[bytes], Any]],
-    on_up: Callable[[str], None] | None = None,
-) -> None:
-    """Run one session that this node opened (``call``: the ``Session`` call) until it ends:
-    prove who the member is, then run every call it sends with ``servicer``. ``lenient``
-    makes a request parser that hands undecodable bytes on to the servicer, as the server's.
-
-    Raises:
-        grpc.aio.AioRpcError: the session ended (the member went away, or refused it).
-        PermissionError: the member did not prove the certificate it showed.
-    """
-    nonce = os.urandom(16)
-    await call.write(pb.SessionFrame(address=address, nonce=nonce))
-    opening = await call.read()
-    if opening is grpc.aio.EOF:
-        raise _closed(member)
-    cert: bytes | None = None
-    peer_name = f"session:{member}"
-    if certs is not None:
-        cert = bytes(opening.certificate)
-        if not signed_by(cert, session_claim(nonce), bytes(opening.signature)):
-            raise PermissionError(f"{member} did not prove the certificate it showed")
-        certs.node_id(cert)  # refused unless a node certificate of this swarm's CA
-    if on_up is not None:
-        on_up(member)
-    out: asyncio.Queue[Any] = asyncio.Queue()
-    incoming: dict[int, _Incoming] = {}
-
-    async def writer() -> None:
-        while True:
-            frame = await out.get()
-            await call.write(frame)
-
-    async def run(call_id: int, method: str, first: Any, inbox: _Incoming) -> None:
-        request_type, _, streaming = METHODS[method]
-        parse = lenient(request_type)
-        caller_cert = cert
-        if first.origin_certificate:
-            origin = bytes(first.origin_certificate)
-            claim = forward_claim(address, method, bytes(first.message))
-            if certs is not None and not signed_by(origin, claim, bytes(first.origin_signature)):
-                out.put_nowait(
-                    end_frame(
-                        call_id,
-                        grpc.StatusCode.PERMISSION_DENIED,
-                        "identity: the forwarded call is not signed by the certificate it shows",
-                        "identity",
-                    )
-                )
-                return
-            caller_cert = origin if certs is not None else None
-        context = SessionContext(peer_name, caller_cert)
-
-        async def requests() -> AsyncIterator[Any]:
-            frame = first
-            while frame is not None:
-                if frame.has_message:
-                    yield parse(bytes(frame.message))
-                if frame.end:
-                    return
-                frame = await inbox.requests.get()
-
-        try:
-            handler = getattr(servicer, method)
-            if streaming:
-                async for answer in handler(requests(), context):
-                    out.put_nowait(
-                        pb.SessionFrame(
-                            call=call_id, message=answer.SerializeToString(), has_message=True
-                        )
-                    )
-                out.put_nowait(end_frame(call_id, grpc.StatusCode.OK))
-            else:
-                answer = await handler(requests(), context)
-                out.put_nowait(
-                    pb.SessionFrame(
-                        call=call_id,
-                        message=answer.SerializeToString(),
-                        has_message=True,
-                        end=True,
-                    )
-                )
-        except _Aborted as err:
-            out.put_nowait(end_frame(call_id, err.code, err.details, err.reason))
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:  # one call failed; the session goes on
-            log.exception("a call down the session from %s failed", member)
-            out.put_nowait(end_frame(call_id, grpc.StatusCode.INTERNAL, repr(exc)))
-        finally:
-            context.finished = True
-            incoming.pop(call_id, None)
-
-    writing = asyncio.ensure_future(writer())
-    try:
-        while True:
-            frame = await call.read()
-            if frame is grpc.aio.EOF:
-                raise _closed(member)
-            known = incoming.get(frame.call)
-            if known is not None:
-                if frame.end and not frame.has_message and frame.code:
-                    if known.task is not None:  # cancelled by the member
-                        known.task.cancel()
-                else:
-                    known.requests.put_nowait(frame)
-                continue
-            if frame.method not in METHODS:
-                if frame.method:
-                    out.put_nowait(
-                        end_frame(
-                            frame.call, grpc.StatusCode.UNIMPLEMENTED, f"no method {frame.method}"
-                        )
-                    )
-                continue
-            inbox = _Incoming(asyncio.Queue())
-            incoming[frame.call] = inbox
-            inbox.task = asyncio.ensure_future(run(frame.call, frame.method, frame, inbox))
-    finally:
-        writing.cancel()
-        for inbox in list(incoming.values()):
-            if inbox.task is not None:
-                inbox.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await writing

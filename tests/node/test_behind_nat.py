@@ -17,7 +17,7 @@ from node.daemon.node import Node
 from node.security.pki import init_ca, issue_node
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from tests.node.helpers import config, replica_matches_sender
-from tests.node.test_sessions import files
+from tests.node.test_tls import files
 
 TIMEOUT_S = 90.0
 #: Where the nodes behind "NAT" say they are: nothing listens there.

@@ -14,10 +14,7 @@ import grpc.aio
 import pytest
 
 from gossip.swim import Kind, SwimMessage
-from node.security.identity import KEY_FILE
 from node.security.pki import (
-    CA_CERT_FILE,
-    CERT_FILE,
     TlsFiles,
     init_ca,
     issue_node,
@@ -28,15 +25,8 @@ from node.transport.base import Reason, Rejected, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from node.transport.grpc_server import REASON_KEY
 from node.transport.session import forward_claim, sign
+from tests.node.test_tls import files
 from tests.node.test_transport_contract import UNDIALLABLE, RecordingHandler
-
-
-def files(directory: Path) -> TlsFiles:
-    return TlsFiles(
-        (directory / KEY_FILE).read_bytes(),
-        (directory / CERT_FILE).read_bytes(),
-        (directory / CA_CERT_FILE).read_bytes(),
-    )
 
 
 @dataclass
