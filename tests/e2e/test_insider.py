@@ -209,7 +209,13 @@ async def test_one_insider_cannot_eclipse_flood_poison_or_crash_the_swarm(tmp_pa
             mixing_from[p.index] = time.monotonic()
         watcher = asyncio.create_task(watch(transport, procs, insider.node_id, seen, mixing_from))
 
-        # Snapshots of 1e38, in the insider's own name: refused where it is a neighbour.
+        async def a_neighbour() -> bool:
+            statuses = await asyncio.gather(*(transport.call_status(p.address, 10) for p in first))
+            return any(n.node_id == insider.node_id for s in statuses for n in s.neighbours)
+
+        # Snapshots of 1e38, in the insider's own name: refused where it is a neighbour (sent
+        # before any node counts it one, every one is refused as from an unknown sender).
+        await poll(a_neighbour, "an honest node to count the insider a neighbour", 30.0)
         await insider.do({"do": "poison"})
         # The eighth joins through the insider, which serves it a model of 1e38.
         argv = node_argv(CFG, joiner.index, joiner.state_dir, insider.address, HONEST) + EXTRA
