@@ -304,7 +304,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., train_loss: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_step: _Optional[int] = ..., eval_age_s: _Optional[float] = ..., member_counts: _Optional[_Mapping[str, int]] = ..., sessions: _Optional[int] = ..., relayed_bytes: _Optional[int] = ..., rounds_skipped: _Optional[int] = ...) -> None: ...
 
 class SessionFrame(_message.Message):
-    __slots__ = ("call", "method", "message", "has_message", "end", "code", "details", "reason", "address", "nonce", "certificate", "signature", "origin_certificate", "origin_signature")
+    __slots__ = ("call", "method", "message", "has_message", "end", "code", "details", "reason", "address", "nonce", "certificate", "signature", "origin_certificate", "origin_signature", "origin_seq", "via")
     CALL_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -319,6 +319,8 @@ class SessionFrame(_message.Message):
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_SEQ_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
     call: int
     method: str
     message: bytes
@@ -333,7 +335,9 @@ class SessionFrame(_message.Message):
     signature: bytes
     origin_certificate: bytes
     origin_signature: bytes
-    def __init__(self, call: _Optional[int] = ..., method: _Optional[str] = ..., message: _Optional[bytes] = ..., has_message: _Optional[bool] = ..., end: _Optional[bool] = ..., code: _Optional[int] = ..., details: _Optional[str] = ..., reason: _Optional[str] = ..., address: _Optional[str] = ..., nonce: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., origin_certificate: _Optional[bytes] = ..., origin_signature: _Optional[bytes] = ...) -> None: ...
+    origin_seq: int
+    via: str
+    def __init__(self, call: _Optional[int] = ..., method: _Optional[str] = ..., message: _Optional[bytes] = ..., has_message: _Optional[bool] = ..., end: _Optional[bool] = ..., code: _Optional[int] = ..., details: _Optional[str] = ..., reason: _Optional[str] = ..., address: _Optional[str] = ..., nonce: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., origin_certificate: _Optional[bytes] = ..., origin_signature: _Optional[bytes] = ..., origin_seq: _Optional[int] = ..., via: _Optional[str] = ...) -> None: ...
 
 class ForwardRequest(_message.Message):
     __slots__ = ("to", "call")

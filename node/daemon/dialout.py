@@ -6,6 +6,10 @@ else. It learns that it needs them at its join: the member it joins through cann
 Sessions that end (the member died, left, or restarted) are opened again while still wanted,
 with a growing pause; the relays are always members whose session is up, so when a relay goes,
 the record names another at once and spreads at the head of every membership message.
+
+A relay that misbehaves is named no more, for a while (node/transport/forwarding.py has the
+checks): one that passes on a call altered or replayed, at once; one that drops or holds back
+the node's probes of it, after two in a row.
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ RELAYS = 2
 #: The pause before a session that ended is opened again: doubling from the first to the last.
 RETRY_S = (0.5, 8.0)
 
+#: How often each relay is probed, and how long a probe may take to come back through it (a
+#: relay that holds calls back for longer is taken for one that drops them).
+PROBE_EVERY_S = 2.0
+PROBE_TIMEOUT_S = 2.0
+#: Probes in a row that did not come back before a relay is named no more.
+PROBE_MISSES = 2
+#: How long a relay that misbehaved is not named again.
+DISTRUST_S = 300.0
+
 
 def unreachable_address(node_id: str, listen: str) -> str:
     """The address a node that nobody can dial goes by: a name that never resolves (".invalid",
@@ -40,6 +53,7 @@ class DialOut:
     """Args:
     own_address: the address this node goes by (its member record's).
     on_relays: told the relays to name whenever they change (sorted; empty: none are up).
+    probe_every_s: how often each relay is probed (None: never).
     """
 
     def __init__(
@@ -48,17 +62,28 @@ class DialOut:
         runtime: Runtime,
         own_address: Callable[[], str],
         on_relays: Callable[[tuple[str, ...]], None],
+        probe_every_s: float | None = PROBE_EVERY_S,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
         self.transport = transport
         self.runtime = runtime
         self._own_address = own_address
         self._on_relays = on_relays
+        self._probe_every_s = probe_every_s
+        self._probe_timeout_s = probe_timeout_s
         #: Whether this node is behind NAT (found at its join).
         self.active = False
         self._wanted: set[str] = set()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._up: dict[str, asyncio.Event] = {}
         self.relays: tuple[str, ...] = ()
+        #: Relays that misbehaved -> until when they are not named.
+        self.distrusted: dict[str, float] = {}
+        #: Relays found misbehaving so far (each time counts), and probes that came back.
+        self.faults = 0
+        self.probes = 0
+        self._misses: dict[str, int] = {}
+        self._probing: asyncio.Task[None] | None = None
 
     @property
     def up(self) -> frozenset[str]:
@@ -69,6 +94,8 @@ class DialOut:
         whether it is up within ``timeout_s``."""
         self._wanted.add(address)
         self._start(address)
+        if self._probing is None and self._probe_every_s is not None:
+            self._probing = asyncio.ensure_future(self._probe(self._probe_every_s))
         try:
             await asyncio.wait_for(self._up[address].wait(), timeout_s)
         except TimeoutError:
@@ -104,7 +131,9 @@ class DialOut:
                 self._update_relays()
 
             try:
-                await self.transport.hold_session(address, self._own_address(), on_up)
+                await self.transport.hold_session(
+                    address, self._own_address(), on_up, self.distrust
+                )
             except (Unreachable, Rejected) as err:
                 if event.is_set():
                     log.info("dial-out session to %s ended: %s", address, err)
@@ -120,11 +149,50 @@ class DialOut:
             await self.runtime.sleep(pause)
             pause = min(2 * pause, RETRY_S[1])
 
+    def distrust(self, relay: str, why: str) -> None:
+        """``relay`` misbehaved: name another in its place (when one is up), for a while."""
+        self.faults += 1
+        self._misses.pop(relay, None)
+        self.distrusted[relay] = self.runtime.clock.now() + DISTRUST_S
+        log.warning("relay %s misbehaved (%s): naming another", relay, why)
+        self._update_relays()
+
+    def _trusted(self, address: str) -> bool:
+        until = self.distrusted.get(address)
+        if until is None:
+            return True
+        if self.runtime.clock.now() < until:
+            return False
+        del self.distrusted[address]
+        return True
+
+    async def _probe(self, every_s: float) -> None:
+        """Probe each relay, every ``every_s``: a call from this node to itself through it."""
+        while True:
+            await self.runtime.sleep(every_s)
+            relays = [r for r in self.relays if r in self.up]
+            results = await asyncio.gather(
+                *(self._probe_one(r) for r in relays), return_exceptions=True
+            )
+            for relay, result in zip(relays, results, strict=True):
+                if not isinstance(result, Exception):
+                    self.probes += 1
+                    self._misses.pop(relay, None)
+                elif relay in self.up and relay in self.relays:  # an ended session is no sign
+                    self._misses[relay] = misses = self._misses.get(relay, 0) + 1
+                    if misses >= PROBE_MISSES:
+                        self.distrust(relay, f"{misses} probes in a row failed: {result}")
+
+    async def _probe_one(self, relay: str) -> None:
+        await self.transport.probe_relay(relay, self._own_address(), self._probe_timeout_s)
+
     def _update_relays(self) -> None:
-        """Relays: those named before that are still up, then others that are up, by address."""
+        """Relays: those named before that are still up and trusted, then others that are, by
+        address. When none is trusted, those up are named all the same: a relay that drops
+        some calls is better than none."""
         if not self.active:
             return
-        up = self.up
+        up = {a for a in self.up if self._trusted(a)} or self.up
         keep = [r for r in self.relays if r in up]
         more = sorted(up - set(keep))
         relays = tuple(sorted([*keep, *more][:RELAYS]))
@@ -136,6 +204,9 @@ class DialOut:
     async def stop(self) -> None:
         self._wanted.clear()
         tasks = list(self._tasks.values())
+        if self._probing is not None:
+            tasks.append(self._probing)
+            self._probing = None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -27,7 +27,7 @@ from node.security.penalties import LogLimiter, RateConfig, RateLimiter, held_ba
 from node.security.revocation import Revocations, parse_revocations
 from node.security.signing import signature_holds
 from node.telemetry.events import Counters
-from node.transport.base import HandshakeFailed, Reason, Rejected, Transport, Unreachable
+from node.transport.base import HandshakeFailed, Reason, Rejected, Route, Transport, Unreachable
 
 __all__ = ["JoinError", "MemberSigning", "Peers"]
 
@@ -363,7 +363,11 @@ class Peers:
         neighbours, which the topology chose among the members others can dial."""
         records = self.swim.live_members()
         self.transport.set_routes(
-            {r.address: r.relays for r in records if r.relays and r.node_id != self.node_id}
+            {
+                r.address: Route(r.node_id, r.relays)
+                for r in records
+                if r.relays and r.node_id != self.node_id
+            }
         )
         if self.dialout.active:
             addresses = {m.address for m in map(self.view.get, self.neighbourhood.neighbours) if m}

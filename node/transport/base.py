@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.refusals import REFUSALS, Reason
@@ -27,6 +27,7 @@ __all__ = [
     "HandshakeFailed",
     "Reason",
     "Rejected",
+    "Route",
     "SnapshotChunk",
     "Transport",
     "Unreachable",
@@ -43,6 +44,14 @@ CHUNK_VALUES = 1 << 18
 #: Reasons that mean the message itself is wrong (INVALID_ARGUMENT); the others mean it does not
 #: fit the receiver's state (FAILED_PRECONDITION). Classified in gossip/refusals.py.
 INVALID_ARGUMENT_REASONS = frozenset(r for r, c in REFUSALS.items() if c.invalid_argument)
+
+
+class Route(NamedTuple):
+    """How a member that nobody can dial is reached: its id (its answers must be signed by
+    it) and the relays its record names."""
+
+    node_id: str
+    relays: tuple[str, ...]
 
 
 class Rejected(Exception):
@@ -158,18 +167,30 @@ class Transport(Protocol):
         ...
 
     async def hold_session(
-        self, address: str, own_address: str, on_up: Callable[[str], None] | None = None
+        self,
+        address: str,
+        own_address: str,
+        on_up: Callable[[str], None] | None = None,
+        on_fault: Callable[[str, str], None] | None = None,
     ) -> None:
         """Open a dial-out session to ``address`` and serve the calls that come down it until
-        it ends (node/transport/session.py); raises Unreachable or Rejected when it does."""
+        it ends (node/transport/session.py); raises Unreachable or Rejected when it does.
+        ``on_fault`` hears of each call the member passed on for another altered or replayed
+        (the member's address, what was wrong)."""
+        ...
+
+    async def probe_relay(self, relay: str, own_address: str, timeout_s: float) -> None:
+        """A call from this node to itself through ``relay`` (node/transport/forwarding.py);
+        raises Unreachable or Rejected unless it comes back in time, as sent."""
         ...
 
     def holds_session(self, address: str, node_id: str) -> bool:
         """Whether the node ``node_id`` at ``address`` holds a session to this one."""
         ...
 
-    def set_routes(self, routes: Mapping[str, tuple[str, ...]]) -> None:
-        """Addresses nobody can dial -> the relays that forward membership calls for them."""
+    def set_routes(self, routes: Mapping[str, Route]) -> None:
+        """Addresses nobody can dial -> their node, and the relays that forward membership
+        calls for it."""
         ...
 
     def session_figures(self) -> tuple[int, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -24,6 +25,7 @@ from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, Snapshot
 from gossip.swim import SwimMessage
 from node.runtime import SystemClock
 from node.security.penalties import Penalties
+from node.security.pki import CertificateRefused, node_id_of_cert
 from node.security.signing import RecordScreen
 from node.telemetry.status import NodeStatus
 from node.transport import wire
@@ -33,12 +35,14 @@ from node.transport.base import (
     HandshakeFailed,
     Reason,
     Rejected,
+    Route,
     Unreachable,
     iter_chunks,
 )
+from node.transport.forwarding import PROBE, ForwardChecks, Forwarder
 from node.transport.grpc_config import GrpcTransportConfig
 from node.transport.grpc_server import REASON_KEY, Servicer, add_servicer, lenient
-from node.transport.session import SessionTable, TunnelStub, forward_claim, sign
+from node.transport.session import SessionTable, TunnelStub
 from node.transport.session_serve import serve_session
 from protos import murmur_pb2_grpc
 
@@ -164,6 +168,7 @@ class GrpcTransport:
         self._clock: Clock = clock or SystemClock()
         self._server: grpc.aio.Server | None = None
         self._servicer: Servicer | None = None
+        self._node_checks: ForwardChecks | None = None
         # Per lane, least recently used first.
         self._channels: dict[str, OrderedDict[str, _Channel]] = {
             "bulk": OrderedDict(),
@@ -181,7 +186,11 @@ class GrpcTransport:
         self.sessions = SessionTable()
         #: Addresses of members that nobody can dial -> the relays their records name (set by
         #: the node from its view): membership calls to them go through a relay.
-        self.routes: dict[str, tuple[str, ...]] = {}
+        self.routes: dict[str, Route] = {}
+        #: Signs and numbers the calls this node has relays pass on (node/transport/forwarding.py).
+        self.forwarder = Forwarder(self.cfg.tls)
+        #: The relay that last passed a call on for each such address: tried first next time.
+        self._last_relay: dict[str, str] = {}
 
     @property
     def penalties(self) -> Penalties | None:
@@ -222,6 +231,8 @@ class GrpcTransport:
         await server.start()
         self._server = server
         self._servicer = servicer
+        #: What this node checks of the calls its relays pass down its sessions.
+        self._node_checks = ForwardChecks(self.cfg.tls, servicer.certs)
         if tls is None:
             log.warning(
                 "serving on %s:%d over plain TCP (--insecure): no encryption, no authentication "
@@ -334,9 +345,9 @@ class GrpcTransport:
 
     async def call_swim(self, address: str, message: SwimMessage, timeout_s: float) -> str:
         request = wire.swim_to_pb(message, PROTOCOL_VERSION)
-        relays = self.routes.get(address, ())
-        if relays and self.sessions.get(address) is None:
-            return await self._forward_swim(address, relays, request, timeout_s)
+        route = self.routes.get(address)
+        if route is not None and route.relays and self.sessions.get(address) is None:
+            return await self._forward_swim(address, route, request, timeout_s)
         try:
             reply = await self._stub(address, "control").Swim(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
@@ -344,53 +355,104 @@ class GrpcTransport:
         return str(reply.node_id)
 
     async def _forward_swim(
-        self, address: str, relays: tuple[str, ...], request: Any, timeout_s: float
+        self, address: str, route: Route, request: Any, timeout_s: float
     ) -> str:
         """A membership call for a member nobody can dial, through the first of its relays
-        that answers, signed so that the relay can neither forge nor alter it."""
+        that passes it on and brings back the member's own answer (the one that did last time
+        first); each try signed and numbered afresh, so that no relay can alter or replay it."""
         message = request.SerializeToString()
-        frame = wire.pb.SessionFrame(method="Swim", message=message, has_message=True, end=True)
-        tls = self.cfg.tls
-        if tls is not None:
-            frame.origin_certificate = tls.cert_pem
-            frame.origin_signature = sign(tls.key_pem, forward_claim(address, "Swim", message))
-        forward = wire.pb.ForwardRequest(to=address, call=frame)
+        last = self._last_relay.get(address)
+        order = sorted(route.relays, key=lambda r: r != last)
         failure: Rejected | Unreachable = Unreachable(f"{address}: no relay answered")
-        for relay in relays:
+        for relay in order:
             try:
-                answer = await self._stub(relay, "control").Forward(forward, timeout=timeout_s)
-            except grpc.aio.AioRpcError as err:
-                failure = _map_error(relay, err)
+                answer = await self._forwarded(relay, address, "Swim", message, timeout_s)
+            except (Rejected, Unreachable) as err:
+                failure = err
                 continue
-            if answer.has_message:
-                return str(wire.pb.SwimReply.FromString(answer.message).node_id)
+            reply = wire.pb.SwimReply.FromString(answer.message)
+            if self._certified(bytes(answer.origin_certificate), reply.node_id) != route.node_id:
+                failure = Unreachable(f"{relay}: the answer for {address} is not its node's")
+                continue
+            self._last_relay[address] = relay
+            return str(reply.node_id)
+        raise failure
+
+    def _certified(self, cert: bytes, claimed: str) -> str | None:
+        """The id of the node whose certificate ``cert`` signed an answer (a node certificate
+        of this swarm); None when it is none. Without TLS nothing is signed: ``claimed``."""
+        if self.cfg.tls is None:
+            return claimed
+        try:
+            if self._servicer is not None and self._servicer.certs is not None:
+                return self._servicer.certs.node_id(cert)
+            return node_id_of_cert(cert)
+        except (CertificateRefused, ValueError):
+            return None
+
+    async def probe_relay(self, relay: str, own_address: str, timeout_s: float) -> None:
+        """A probe from this node to itself through ``relay``, which holds its session: it must
+        come back within ``timeout_s``, as sent, and signed by this node.
+
+        Raises:
+            Unreachable: it did not come back in time, or came back other than it went.
+            Rejected: the relay refused it.
+        """
+        nonce = os.urandom(16)
+        answer = await self._forwarded(relay, own_address, PROBE, nonce, timeout_s)
+        tls = self.cfg.tls
+        if bytes(answer.message) != nonce or (
+            tls is not None and bytes(answer.origin_certificate) != tls.cert_pem
+        ):
+            raise Unreachable(f"{relay}: the probe came back other than it went")
+
+    async def _forwarded(
+        self, relay: str, to: str, method: str, message: bytes, timeout_s: float
+    ) -> Any:
+        """One forwarded call through ``relay``: its answer, checked to be the one signed for
+        it by the node it was for (the caller checks whose signature it is)."""
+        frame = self.forwarder.frame(to, relay, method, message)
+        forward = wire.pb.ForwardRequest(to=to, call=frame)
+        try:
+            answer = await self._stub(relay, "control").Forward(forward, timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise _map_error(relay, err) from None
+        if not answer.has_message:
             metadata = ((REASON_KEY, answer.reason),) if answer.reason else ()
             code = next((c for c in grpc.StatusCode if c.value[0] == answer.code), None)
-            failure = _error_of(address, code or grpc.StatusCode.UNKNOWN, answer.details, metadata)
-            if isinstance(failure, Rejected):
-                raise failure
-        raise failure
+            raise _error_of(to, code or grpc.StatusCode.UNKNOWN, answer.details, metadata)
+        if self.forwarder.answer_signer(to, relay, frame, answer) is None:
+            raise Unreachable(f"{relay}: the answer from {to} is not signed for this call")
+        return answer
 
     def holds_session(self, address: str, node_id: str) -> bool:
         return self.sessions.held_by(address, node_id)
 
-    def set_routes(self, routes: Mapping[str, tuple[str, ...]]) -> None:
+    def set_routes(self, routes: Mapping[str, Route]) -> None:
         self.routes = dict(routes)
+        self._last_relay = {
+            a: r for a, r in self._last_relay.items() if a in routes and r in routes[a].relays
+        }
 
     def session_figures(self) -> tuple[int, int]:
         return len(self.sessions), self.sessions.forwarded_bytes
 
     async def hold_session(
-        self, address: str, own_address: str, on_up: Callable[[str], None] | None = None
+        self,
+        address: str,
+        own_address: str,
+        on_up: Callable[[str], None] | None = None,
+        on_fault: Callable[[str, str], None] | None = None,
     ) -> None:
         """Open a dial-out session to the member at ``address`` and serve the calls it sends
-        down it, until it ends. ``own_address`` is the address others know this node by.
+        down it, until it ends. ``own_address`` is the address others know this node by;
+        ``on_fault`` hears of each call the member passed on altered or replayed.
 
         Raises:
             Unreachable: the session could not open, or it ended.
             Rejected: the member refused it.
         """
-        if self._servicer is None:
+        if self._servicer is None or self._node_checks is None:
             raise RuntimeError("serve() first: the session's calls are served as any other")
         call = self._stub(address, "session").Session()
         try:
@@ -401,7 +463,9 @@ class GrpcTransport:
                 certs=self._servicer.certs,
                 member=address,
                 lenient=lenient,
+                checks=self._node_checks,
                 on_up=on_up,
+                on_fault=on_fault,
             )
         except grpc.aio.AioRpcError as err:
             raise _map_error(address, err) from None

@@ -37,9 +37,9 @@ from node.transport.base import (
     Rejected,
     SnapshotChunk,
 )
+from node.transport.forwarding import FORWARDED_METHODS, ForwardChecks
 from node.transport.grpc_config import GrpcTransportConfig
 from node.transport.session import (
-    FORWARDED_METHODS,
     SessionTable,
     end_frame,
     session_claim,
@@ -87,6 +87,8 @@ class Servicer(murmur_pb2_grpc.MurmurServicer):
         self.sessions = sessions if sessions is not None else SessionTable()
         self.cfg = cfg
         self.certs = NodeCertificates(cfg.tls.ca_pem) if cfg.tls is not None else None
+        #: What this member checks of the calls it passes on as a relay.
+        self.relay_checks = ForwardChecks(cfg.tls, self.certs)
         self._screen = screen
         clock = SystemClock()
         #: Bans by certified id; public so that tests can give it a clock.
@@ -422,8 +424,9 @@ class Servicer(murmur_pb2_grpc.MurmurServicer):
     async def Forward(  # noqa: N802
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> wire.pb.SessionFrame:
-        """A membership call for a node that holds a session to us, passed down it as it came
-        (signed by its maker, checked by the node); its answer comes back as it is."""
+        """A membership call (or a probe) for a node that holds a session to us, checked and
+        passed down it as it came (node/transport/forwarding.py: the node checks it again);
+        its answer, signed by the node, comes back as it is."""
         try:
             with self._slot(context) as caller:
                 self._membership_call(caller)
@@ -438,16 +441,12 @@ class Servicer(murmur_pb2_grpc.MurmurServicer):
                     return end_frame(
                         0, grpc.StatusCode.UNAVAILABLE, f"no session from {request.to} here"
                     )
-                origin = (
-                    bytes(request.call.origin_certificate),
-                    bytes(request.call.origin_signature),
-                )
+                verdict = self.relay_checks.check(request.call, request.to, holder=peer.node_id)
+                if verdict.refusal is not None:
+                    raise self._refusal(*verdict.refusal)
                 try:
                     answer = await peer.unary(
-                        request.call.method,
-                        bytes(request.call.message),
-                        self.cfg.forward_timeout_s,
-                        origin=origin,
+                        request.call.method, request.call, self.cfg.forward_timeout_s
                     )
                 except grpc.aio.AioRpcError as err:
                     reason = dict(err.trailing_metadata() or ()).get(REASON_KEY, "")

@@ -22,7 +22,7 @@ import torch
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import SwimMessage
 from node.telemetry.status import NodeStatus
-from node.transport.base import Handler, Rejected, SnapshotChunk, Unreachable, iter_chunks
+from node.transport.base import Handler, Rejected, Route, SnapshotChunk, Unreachable, iter_chunks
 
 __all__ = ["MemoryNetwork", "MemoryTransport", "SeededFaults"]
 
@@ -193,16 +193,23 @@ class MemoryTransport:
             yield chunk
 
     async def hold_session(
-        self, address: str, own_address: str, on_up: Callable[[str], None] | None = None
+        self,
+        address: str,
+        own_address: str,
+        on_up: Callable[[str], None] | None = None,
+        on_fault: Callable[[str, str], None] | None = None,
     ) -> None:
         raise Unreachable(
             "the in-memory network has no dial-out sessions: every address on it is dialable"
         )
 
+    async def probe_relay(self, relay: str, own_address: str, timeout_s: float) -> None:
+        raise Unreachable("the in-memory network has no relays")
+
     def holds_session(self, address: str, node_id: str) -> bool:
         return False
 
-    def set_routes(self, routes: Mapping[str, tuple[str, ...]]) -> None:
+    def set_routes(self, routes: Mapping[str, Route]) -> None:
         """Nothing to route: every in-memory address is reached directly."""
 
     def session_figures(self) -> tuple[int, int]:

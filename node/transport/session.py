@@ -14,8 +14,8 @@ opened by the node behind NAT, carries everything between the two, both ways.
   call over a socket, with a context that names the caller by the certificate the member proved
   at the opening (it signs the node's nonce), so every call is judged as any other.
 * A member that holds no session to such a node reaches it through one of its relays (the members
-  its record names): ``Forward`` carries one membership call, signed by the member that made it,
-  so the relay can neither forge nor alter it; the node checks the signature.
+  its record names): ``Forward`` carries one membership call, signed and numbered by the member
+  that made it, so the relay can neither forge, alter nor replay it (node/transport/forwarding.py).
 """
 
 from __future__ import annotations
@@ -36,14 +36,12 @@ from node.security.signing import signature_holds
 from node.transport import wire
 
 __all__ = [
-    "FORWARDED_METHODS",
     "METHODS",
     "SessionTable",
     "TunnelPeer",
     "TunnelStub",
     "closed_error",
     "end_frame",
-    "forward_claim",
     "session_claim",
     "sign",
     "signed_by",
@@ -67,18 +65,10 @@ METHODS: dict[str, tuple[type[Any], type[Any], bool]] = {
     "PullModel": (pb.PullModelRequest, pb.ModelChunk, True),
 }
 
-#: What a relay passes on for members without a session of their own: membership only.
-FORWARDED_METHODS = frozenset({"Swim"})
-
 
 def session_claim(nonce: bytes) -> bytes:
     """What the member signs at a session's opening: the node's fresh nonce."""
     return b"murmur-session|" + nonce
-
-
-def forward_claim(to: str, method: str, message: bytes) -> bytes:
-    """What the member that makes a forwarded call signs."""
-    return f"murmur-forward|{to}|{method}|".encode() + message
 
 
 def sign(key_pem: bytes, data: bytes) -> bytes:
@@ -172,21 +162,23 @@ class TunnelPeer:
         method: str,
         request: Any,
         timeout_s: float | None,
-        *,
-        origin: tuple[bytes, bytes] | tuple[()] = (),
     ) -> wire.pb.SessionFrame:
-        """One request, one answer: the answer's frame (or the error it ended with)."""
+        """One request, one answer: the answer's frame (or the error it ended with).
+        ``request``: a message, or a forwarded call's frame as its maker made it."""
         call_id, call = self.start()
         try:
-            frame = pb.SessionFrame(
-                call=call_id,
-                method=method,
-                message=request if isinstance(request, bytes) else request.SerializeToString(),
-                has_message=True,
-                end=True,
-            )
-            if origin:
-                frame.origin_certificate, frame.origin_signature = origin
+            if isinstance(request, pb.SessionFrame):
+                frame = pb.SessionFrame()
+                frame.CopyFrom(request)
+                frame.call, frame.has_message, frame.end = call_id, True, True
+            else:
+                frame = pb.SessionFrame(
+                    call=call_id,
+                    method=method,
+                    message=request.SerializeToString(),
+                    has_message=True,
+                    end=True,
+                )
             self.send(frame)
             try:
                 answer = await asyncio.wait_for(_next(call, self.address), timeout_s)

@@ -15,12 +15,13 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from node.transport.forwarding import PROBE, ForwardChecks
+from node.transport.grpc_server import status_code
 from node.transport.session import (
     METHODS,
     REASON_KEY,
     closed_error,
     end_frame,
-    forward_claim,
     pb,
     session_claim,
     signed_by,
@@ -78,11 +79,15 @@ async def serve_session(
     certs: Any | None,
     member: str,
     lenient: Callable[[type[Any]], Callable[[bytes], Any]],
+    checks: ForwardChecks,
     on_up: Callable[[str], None] | None = None,
+    on_fault: Callable[[str, str], None] | None = None,
 ) -> None:
     """Run one session that this node opened (``call``: the ``Session`` call) until it ends:
     prove who the member is, then run every call it sends with ``servicer``. ``lenient``
     makes a request parser that hands undecodable bytes on to the servicer, as the server's.
+    Calls the member passes on for others (and this node's probes of it) are judged by
+    ``checks``; ``on_fault`` hears of each that the member altered or replayed.
 
     Raises:
         grpc.aio.AioRpcError: the session ended (the member went away, or refused it).
@@ -110,24 +115,35 @@ async def serve_session(
             frame = await out.get()
             await call.write(frame)
 
+    def forwarded(call_id: int, first: Any) -> tuple[bool, bytes | None]:
+        """Judge a call the member passes on: (whether it runs, the maker's certificate)."""
+        verdict = checks.check(first, address, via=member)
+        if verdict.refusal is None:
+            return True, verdict.maker
+        reason, detail = verdict.refusal
+        servicer.handler.note_rejected(reason, detail)
+        if verdict.relay_at_fault and on_fault is not None:
+            on_fault(member, detail)
+        out.put_nowait(end_frame(call_id, status_code(reason), f"{reason}: {detail}", reason.value))
+        return False, None
+
+    def reply_with(call_id: int, first: Any, message: bytes) -> None:
+        frame = pb.SessionFrame(call=call_id, message=message, has_message=True, end=True)
+        if first.via:
+            checks.sign_answer(address, member, first, frame)
+        out.put_nowait(frame)
+
     async def run(call_id: int, method: str, first: Any, inbox: _Incoming) -> None:
+        caller_cert = cert
+        if first.via or method == PROBE:
+            runs, caller_cert = forwarded(call_id, first)
+            if not runs:
+                return
+            if method == PROBE:  # this node's own, through the member: it came back
+                reply_with(call_id, first, bytes(first.message))
+                return
         request_type, _, streaming = METHODS[method]
         parse = lenient(request_type)
-        caller_cert = cert
-        if first.origin_certificate:
-            origin = bytes(first.origin_certificate)
-            claim = forward_claim(address, method, bytes(first.message))
-            if certs is not None and not signed_by(origin, claim, bytes(first.origin_signature)):
-                out.put_nowait(
-                    end_frame(
-                        call_id,
-                        grpc.StatusCode.PERMISSION_DENIED,
-                        "identity: the forwarded call is not signed by the certificate it shows",
-                        "identity",
-                    )
-                )
-                return
-            caller_cert = origin if certs is not None else None
         context = SessionContext(peer_name, caller_cert)
 
         async def requests() -> AsyncIterator[Any]:
@@ -150,15 +166,8 @@ async def serve_session(
                     )
                 out.put_nowait(end_frame(call_id, grpc.StatusCode.OK))
             else:
-                answer = await handler(requests(), context)
-                out.put_nowait(
-                    pb.SessionFrame(
-                        call=call_id,
-                        message=answer.SerializeToString(),
-                        has_message=True,
-                        end=True,
-                    )
-                )
+                reply = await handler(requests(), context)
+                reply_with(call_id, first, reply.SerializeToString())
         except _Aborted as err:
             out.put_nowait(end_frame(call_id, err.code, err.details, err.reason))
         except asyncio.CancelledError:
@@ -184,7 +193,7 @@ async def serve_session(
                 else:
                     known.requests.put_nowait(frame)
                 continue
-            if frame.method not in METHODS:
+            if frame.method not in METHODS and frame.method != PROBE:
                 if frame.method:
                     out.put_nowait(
                         end_frame(

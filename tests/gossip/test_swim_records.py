@@ -248,3 +248,24 @@ def test_a_push_pull_carries_a_bounded_share_of_a_large_view_live_members_first(
     assert carried[0] == r.me
     assert {u.status for u in carried[1:6]} == {Status.ALIVE}  # the 5 live first
     assert {u.status for u in carried[6:]} == {Status.LEFT}
+
+
+def test_a_member_cannot_name_itself_the_relay_of_another() -> None:
+    """The relays are the member's own claim, signed with its address: a record that names a
+    relay the member never chose (added to its record, or made up and signed by the would-be
+    relay) is dropped, and the member stays reached as it chose."""
+    clock = ManualClock()
+    r = member("r", clock)
+    x = member("x", ManualClock())
+    x.set_relays(("sim://a",))
+    r.merge([x.me])
+    r.drain_changes()
+    added = replace(x.me, relays=("sim://a", "sim://m"), incarnation=x.me.incarnation + 1)
+    made_up = replace(added, signature=fake_signer("m")(added.claim()))
+    for forged in (added, made_up):
+        r.merge([forged])
+        held = r.record("x")
+        assert held is not None
+        assert held.relays == ("sim://a",)
+        assert held.incarnation == x.me.incarnation
+    assert r.drain_changes() == []

@@ -1,6 +1,7 @@
 """Dial-out sessions over mutual TLS (node/transport/session.py): calls down a session are
 judged by the certificate the member proved at its opening, a relay passes on only membership
-calls signed by the member that made them, and it can neither forge nor alter one."""
+calls signed by the member that made them, and it can neither forge, alter nor replay one
+(node/transport/forwarding.py); what only a relay could have done wrong is held against it."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from node.security.pki import (
     node_id_of_cert,
 )
 from node.transport import wire
-from node.transport.base import Reason, Rejected, Unreachable
+from node.transport.base import Reason, Rejected, Route, Unreachable
+from node.transport.forwarding import Forwarder
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from node.transport.grpc_server import REASON_KEY
-from node.transport.session import forward_claim, sign
 from tests.node.test_tls import files
 from tests.node.test_transport_contract import UNDIALLABLE, RecordingHandler
 
@@ -40,6 +41,8 @@ class Trio:
     relay_address: str
     ids: dict[str, str]
     tls: dict[str, TlsFiles]
+    #: (relay, what it did) for each forwarded call ``behind`` held against the relay.
+    faults: list[tuple[str, str]]
 
 
 @pytest.fixture
@@ -56,11 +59,14 @@ async def trio(tmp_path: Path) -> AsyncIterator[Trio]:
     relay_address = await relay.serve(RecordingHandler(), "127.0.0.1:0")
     await other.serve(RecordingHandler(), "127.0.0.1:0")
     up = asyncio.Event()
+    faults: list[tuple[str, str]] = []
     holding = asyncio.ensure_future(
-        behind.hold_session(relay_address, UNDIALLABLE, lambda _: up.set())
+        behind.hold_session(
+            relay_address, UNDIALLABLE, lambda _: up.set(), lambda *f: faults.append(f)
+        )
     )
     await asyncio.wait_for(up.wait(), 10)
-    yield Trio(behind, relay, other, handler, relay_address, ids, tls)
+    yield Trio(behind, relay, other, handler, relay_address, ids, tls, faults)
     holding.cancel()
     await asyncio.gather(holding, return_exceptions=True)
     for transport in (other, relay, behind):
@@ -83,35 +89,84 @@ async def test_a_member_without_a_session_reaches_the_node_through_its_relay(tri
     ping = SwimMessage(Kind.PING, trio.ids["other"], "other:1", 7)
     with pytest.raises(Unreachable):  # dialled: nobody there
         await trio.other.call_swim(UNDIALLABLE, ping, 2)
-    trio.other.routes[UNDIALLABLE] = (trio.relay_address,)
+    trio.other.routes[UNDIALLABLE] = Route(trio.ids["behind"], (trio.relay_address,))
     assert await trio.other.call_swim(UNDIALLABLE, ping, 5) == "b" * 32
     assert trio.handler.swims[-1][1] == ping  # the maker's, as it made it
     assert trio.relay.sessions.forwarded_bytes > 0
 
 
-async def test_a_relay_cannot_forge_or_alter_a_forwarded_call(trio: Trio) -> None:
+async def test_a_relay_cannot_forge_alter_or_replay_a_forwarded_call(trio: Trio) -> None:
+    """Frames written down the session as a relay would pass them on."""
     peer = trio.relay.sessions.get(UNDIALLABLE)
     assert peer is not None
-    honest = wire.swim_to_pb(SwimMessage(Kind.PING, trio.ids["other"], "o:1", 3), 1)
-    message = honest.SerializeToString()
-    signature = sign(trio.tls["other"].key_pem, forward_claim(UNDIALLABLE, "Swim", message))
-    origin = (trio.tls["other"].cert_pem, signature)
-    # Altered on the way: the signature no longer holds.
-    altered = wire.swim_to_pb(SwimMessage(Kind.PING, trio.ids["other"], "o:1", 4), 1)
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await peer.unary("Swim", altered.SerializeToString(), 5, origin=origin)
-    assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    message = wire.swim_to_pb(SwimMessage(Kind.PING, trio.ids["other"], "o:1", 3), 1)
+    maker = Forwarder(trio.tls["other"])
+    honest = maker.frame(UNDIALLABLE, trio.relay_address, "Swim", message.SerializeToString())
+
+    async def refusal(frame: wire.pb.SessionFrame) -> tuple[grpc.StatusCode, str]:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await peer.unary("Swim", frame, 5)
+        return info.value.code(), dict(info.value.trailing_metadata() or ())[REASON_KEY]
+
+    # Altered on the way: the signature no longer holds, and only the relay could have.
+    altered = wire.pb.SessionFrame()
+    altered.CopyFrom(honest)
+    altered.message = wire.swim_to_pb(
+        SwimMessage(Kind.PING, trio.ids["other"], "o:1", 4), 1
+    ).SerializeToString()
+    assert await refusal(altered) == (grpc.StatusCode.PERMISSION_DENIED, "identity")
+    assert [f[0] for f in trio.faults] == [trio.relay_address]
     # Signed by the relay itself, in the other member's name: the message's sender is not the
-    # certificate's.
-    own = sign(trio.tls["relay"].key_pem, forward_claim(UNDIALLABLE, "Swim", message))
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await peer.unary("Swim", message, 5, origin=(trio.tls["relay"].cert_pem, own))
-    assert (REASON_KEY, "identity") in tuple(info.value.trailing_metadata() or ())
+    # certificate's (the relay's own call, so refused and not held against it as a relay).
+    own = Forwarder(trio.tls["relay"]).frame(
+        UNDIALLABLE, trio.relay_address, "Swim", message.SerializeToString()
+    )
+    assert (await refusal(own))[1] == "identity"
+    # Sent through another relay and passed on by this one: refused, and not its fault (it
+    # cannot know which relay the maker named).
+    elsewhere = maker.frame(UNDIALLABLE, "elsewhere:1", "Swim", message.SerializeToString())
+    assert (await refusal(elsewhere))[1] == "malformed"
+    assert len(trio.faults) == 1
     assert len(trio.handler.swims) == 0
-    # As signed, it goes through.
-    answer = await peer.unary("Swim", message, 5, origin=origin)
+    # As signed, it goes through, and the answer is the node's, signed for this call.
+    answer = await peer.unary("Swim", honest, 5)
     assert answer.has_message
+    assert maker.answer_signer(UNDIALLABLE, trio.relay_address, honest, answer) == (
+        trio.tls["behind"].cert_pem
+    )
     assert len(trio.handler.swims) == 1
+    # Passed on again: refused as stale, and held against the relay.
+    assert await refusal(honest) == (grpc.StatusCode.FAILED_PRECONDITION, "stale")
+    assert len(trio.handler.swims) == 1
+    assert [f[0] for f in trio.faults] == [trio.relay_address] * 2
+
+
+async def test_an_honest_relay_refuses_a_replay_so_that_no_maker_can_frame_it(
+    trio: Trio,
+) -> None:
+    """A maker that sends one call twice through an honest relay is refused by the relay; the
+    node never sees the copy, so it never blames the relay."""
+    message = wire.swim_to_pb(SwimMessage(Kind.PING, trio.ids["other"], "o:1", 3), 1)
+    frame = Forwarder(trio.tls["other"]).frame(
+        UNDIALLABLE, trio.relay_address, "Swim", message.SerializeToString()
+    )
+    stub = trio.other._stub(trio.relay_address, "control")
+    request = wire.pb.ForwardRequest(to=UNDIALLABLE, call=frame)
+    assert (await stub.Forward(request, timeout=5)).has_message
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Forward(request, timeout=5)
+    assert dict(info.value.trailing_metadata() or ())[REASON_KEY] == "stale"
+    assert len(trio.handler.swims) == 1
+    assert trio.faults == []
+
+
+async def test_a_node_probes_its_relay_through_itself(trio: Trio) -> None:
+    await trio.behind.probe_relay(trio.relay_address, UNDIALLABLE, 5)
+    # Nobody else can probe through the relay in the node's name.
+    with pytest.raises(Rejected) as info:
+        await trio.other.probe_relay(trio.relay_address, UNDIALLABLE, 5)
+    assert info.value.reason is Reason.IDENTITY
+    assert trio.faults == []
 
 
 async def test_a_second_node_cannot_take_over_the_session_address(trio: Trio) -> None:
