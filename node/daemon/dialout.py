@@ -18,15 +18,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection
 
+from gossip.relays import RELAYS, choose_relays
 from node.runtime import Runtime
 from node.transport.base import UNDIALLABLE_DOMAIN, Rejected, Transport, Unreachable
 
 __all__ = ["RELAYS", "DialOut", "unreachable_address"]
 
 log = logging.getLogger(__name__)
-
-#: Relays a record names (each a member holding a session from the node).
-RELAYS = 2
 
 #: The pause before a session that ended is opened again: doubling from the first to the last.
 RETRY_S = (0.5, 8.0)
@@ -193,9 +191,7 @@ class DialOut:
         if not self.active:
             return
         up = {a for a in self.up if self._trusted(a)} or self.up
-        keep = [r for r in self.relays if r in up]
-        more = sorted(up - set(keep))
-        relays = tuple(sorted([*keep, *more][:RELAYS]))
+        relays = choose_relays(self.relays, up)
         if relays and relays != self.relays:
             self.relays = relays
             log.info("reached through relays %s", " ".join(relays))

@@ -51,12 +51,15 @@ class NetConfig:
         loss: probability that a delta or a membership message is lost. Snapshots, model
             pulls and acknowledgements are not: the transport retries calls until they land.
         partition: a split of the network for a while, if any.
+        behind_nat: the share of the nodes that nobody can dial (node/sim/nat.py): they name
+            relays, and the topology gives them only neighbours others can dial.
     """
 
     latency_s: tuple[float, float] = (0.01, 0.05)
     bandwidth_bps: float = 1.25e6  # 10 Mbit/s
     loss: float = 0.0
     partition: PartitionConfig | None = None
+    behind_nat: float = 0.0
 
     def __post_init__(self) -> None:
         lo, hi = self.latency_s
@@ -64,6 +67,8 @@ class NetConfig:
             raise ValueError("latency needs 0 <= min <= max")
         if self.bandwidth_bps <= 0 or not 0 <= self.loss < 1:
             raise ValueError("bandwidth must be positive and loss in [0, 1)")
+        if not 0 <= self.behind_nat < 1:
+            raise ValueError("behind_nat is a share of the nodes, in [0, 1)")
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,10 @@ from gossip.messages import PROTOCOL_VERSION, Delta, Member, SnapshotHeader
 from gossip.mixing import MixConfig, Mixer, RoundPacer
 from gossip.outer import OuterNesterov
 from gossip.refusals import Reason
+from gossip.relays import choose_relays
 from gossip.replicas import GossipState, UpdateGuard
 from gossip.swim import Outgoing, Swim, SwimMessage
+from node.daemon.dialout import PROBE_EVERY_S, PROBE_MISSES, PROBE_TIMEOUT_S
 from node.daemon.flat import FlatParams
 from node.daemon.inbound import Inbound
 from node.daemon.neighbourhood import Neighbourhood
@@ -123,6 +125,12 @@ class SimNode:
         self.evictions: list[str] = []
         self.inbound = Inbound(self.state, self.counters, sim.clock)
         self.swim_bytes = 0
+        #: Nobody can dial this node (node/sim/nat.py): it names relays.
+        self.behind_nat = False
+        #: Addresses of members nobody can dial -> their relays, from this node's view.
+        self.routes: dict[str, tuple[str, ...]] = {}
+        self._misses: dict[str, int] = {}
+        self._failed: set[str] = set()
         self.step = 0
         self.loss = float("nan")
         self.alive = True
@@ -170,6 +178,7 @@ class SimNode:
         """The node has its starting model: link to the neighbours, and train once every edge
         is up both ways (or after ``wait_timeout_s``), as the daemon does."""
         run_here(self.neighbourhood.start_linking())
+        self._follow_view()
         self.waiting = True
         self.sim.events.after(self.sim.cfg.wait_timeout_s, self._start_training)
         self.check_ready()
@@ -288,6 +297,10 @@ class SimNode:
             message = out.message
             nbytes = wire.swim_nbytes(message, PROTOCOL_VERSION)
             self.swim_bytes += nbytes
+            relays = self.routes.get(out.address)
+            if relays and not sim.holds_session(out.address, self.address):
+                sim.relay_swim(self.address, out.address, relays, nbytes, message)
+                continue
             sim.network.send(
                 self.address, out.address, nbytes, sim.swim_delivery(out.address, message)
             )
@@ -310,9 +323,60 @@ class SimNode:
         self.sim.events.timer(self.address, self.swim.next_deadline(), self.tick_swim)
 
     def update_topology(self) -> None:
-        """Derive the neighbours from the view; open and close links to match."""
+        """Derive the neighbours from the view; open and close links to match; and follow
+        the view's relays (the daemon's Peers._follow_view)."""
         run_here(self.neighbourhood.update())
+        self._follow_view()
         self.check_ready()
+
+    def _follow_view(self) -> None:
+        records = self.swim.live_members()
+        self.routes = {
+            r.address: r.relays for r in records if r.relays and r.node_id != self.node_id
+        }
+        if self.behind_nat:
+            live = {r.address for r in records}
+            relays = choose_relays(self.swim.relays, self.sessions() & live)
+            if relays:
+                self.swim.set_relays(relays)
+
+    # -- behind NAT ---------------------------------------------------------------------------
+
+    def go_behind_nat(self, relays: tuple[str, ...]) -> None:
+        """From now on nobody can dial this node: it names ``relays`` (members it joined
+        through), then its neighbours as they come, and probes the relays it names."""
+        self.behind_nat = True
+        self.swim.set_relays(relays)
+        self.sim.events.after(PROBE_EVERY_S, self._probe_relays)
+
+    def _probe_relays(self) -> None:
+        """The daemon's probes (node/daemon/dialout.py): one through each relay; a relay
+        whose host is gone (a crash here is silent) fails it, known a timeout later."""
+        if not self.alive:
+            return
+        gone = [r for r in self.swim.relays if self.sim.live_node(r) is None]
+        for relay in self.swim.relays:
+            if relay not in gone:
+                self._misses.pop(relay, None)
+
+        def verdict() -> None:
+            for relay in gone:
+                self._misses[relay] = misses = self._misses.get(relay, 0) + 1
+                if misses >= PROBE_MISSES:
+                    self._failed.add(relay)
+            if gone and self.alive:
+                self._follow_view()
+
+        self.sim.events.after(PROBE_TIMEOUT_S, verdict)
+        self.sim.events.after(PROBE_EVERY_S, self._probe_relays)
+
+    def sessions(self) -> set[str]:
+        """The members this node holds dial-out sessions to and trusts (behind NAT): its
+        neighbours and the relays it names, less those whose probes failed."""
+        if not self.behind_nat:
+            return set()
+        near = {m.address for m in map(self.view.get, self.neighbourhood.neighbours) if m}
+        return (near | set(self.swim.relays)) - self._failed
 
     # -- joining ------------------------------------------------------------------------------
 

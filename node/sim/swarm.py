@@ -33,6 +33,7 @@ from node.daemon.flat import FlatParams
 from node.sim.config import SimConfig
 from node.sim.decodes import sharing_decodes
 from node.sim.link import REPLY_BYTES
+from node.sim.nat import Reachability
 from node.sim.node import CPU, SimNode
 from node.tasks.base import Shard, Task, evaluate_task, load_task
 from node.transport import wire
@@ -70,6 +71,10 @@ class Sample:
     #: neighbour and of an attacker.
     evicted_honest: int = 0
     evicted_attackers: int = 0
+    #: Membership bytes relays passed on for nodes behind NAT, over every node slot.
+    relayed_bytes_per_node: float = 0.0
+    #: Nodes behind NAT among the live ones.
+    behind_nat: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -143,6 +148,13 @@ class Simulation:
             self.network.split(lambda a: self.groups.get(a, -1), split.at_s, split.for_s)
         for i in range(cfg.nodes):
             self._make_node(shard=i, attack=cfg.gossip.attack if i in self.attackers else None)
+        #: Who is behind NAT, and what relays passed on.
+        self.nat = Reachability(cfg.net.behind_nat, cfg.seed)
+        behind = self.nat.initial(cfg.nodes)
+        nodes = list(self.nodes.values())
+        reachable = [n.address for i, n in enumerate(nodes) if i not in behind]
+        for i in sorted(behind):
+            nodes[i].go_behind_nat(self.nat.first_relays(reachable))
         everyone = [n.swim.me for n in self.nodes.values()]
         for n in self.nodes.values():
             n.swim.merge(everyone)
@@ -222,6 +234,27 @@ class Simulation:
 
         return deliver
 
+    def holds_session(self, address: str, member: str) -> bool:
+        """Whether the node at ``address`` (behind NAT) holds a session to ``member``."""
+        node = self.live_node(address)
+        return node is not None and member in node.sessions()
+
+    def relay_swim(
+        self, src: str, dst: str, relays: tuple[str, ...], nbytes: int, message: SwimMessage
+    ) -> None:
+        """A membership message for a node behind NAT, through the first of its relays that
+        is up (a relay that is down refuses the connection at once); lost when none is."""
+        relay = next((r for r in relays if self.live_node(r) is not None), None)
+        if relay is None:
+            return
+
+        def at_relay() -> None:
+            if self.live_node(relay) is not None:
+                self.nat.relayed_bytes += nbytes
+                self.network.send(relay, dst, nbytes, self.swim_delivery(dst, message))
+
+        self.network.send(src, relay, nbytes, at_relay)
+
     # -- churn --------------------------------------------------------------------------------
 
     def _poisson(self, per_s: float, what: Callable[[], None]) -> None:
@@ -276,6 +309,11 @@ class Simulation:
             shard = self.rng.randrange(self.cfg.nodes)
         node = self._make_node(shard)
         self.joined += 1
+        if self.nat.joiner():  # it joins through a member others can dial, its first relay
+            dialable = [n for n in self.nodes.values() if n.training and not n.behind_nat]
+            if helper.behind_nat and dialable:
+                helper = self.rng.choice(dialable)
+            node.go_behind_nat((helper.address,))
 
         def introduced() -> None:
             if not helper.alive or not node.alive:
@@ -384,6 +422,8 @@ class Simulation:
             wall_s=time.perf_counter() - self._started,
             events=self.events.processed,
             partial_views=self.partial_views(),
+            relayed_bytes_per_node=self.nat.relayed_bytes / slots,
+            behind_nat=sum(n.behind_nat for n in live),
             **self._evictions(live),
         )
 

@@ -62,3 +62,13 @@ class World(Protocol):
     def swim_delivery(self, address: str, message: SwimMessage) -> Callable[[], None]:
         """What delivers ``message`` to ``address`` when it arrives."""
         ...
+
+    def holds_session(self, address: str, member: str) -> bool:
+        """Whether the node at ``address`` (behind NAT) holds a session to ``member``."""
+        ...
+
+    def relay_swim(
+        self, src: str, dst: str, relays: tuple[str, ...], nbytes: int, message: SwimMessage
+    ) -> None:
+        """Send a membership message for a node behind NAT through one of its relays."""
+        ...

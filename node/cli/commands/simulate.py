@@ -150,6 +150,14 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="testing robustness: share of the nodes that publish --attack (scale, flip, "
         "random, huge, spike) instead of their model (samples count the honest nodes only)",
     )
+    p.add_argument(
+        "--behind-nat",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of the nodes that nobody can dial: they name relays, and have only "
+        "neighbours others can dial",
+    )
     p.add_argument("--out", type=Path, default=Path("murmur-sim"), metavar="DIR", help="output dir")
     p.add_argument("--quiet", action="store_true", help="no progress")
     add_gossip_flags(p, suppress=False)
@@ -197,6 +205,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 args.bandwidth * 1e6 / 8,
                 args.loss,
                 PartitionConfig.parse(args.partition) if args.partition else None,
+                args.behind_nat,
             ),
             churn=churn,
         )
