@@ -38,6 +38,7 @@ test-fast: $(STAMP)
 # Many real node processes; slower, so it is its own stage (CI runs it too).
 test-e2e: $(STAMP)
 	bash scripts/ensure-mosquitto
+	bash scripts/ensure-iptables
 	$(BIN)/pytest -m e2e $(PYTEST_FLAGS)
 
 # The docker-compose testbed from nothing: Docker and Compose from Debian's packages, an engine
