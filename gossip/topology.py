@@ -275,11 +275,11 @@ def reachable_graph(
                 adj[u].discard(j)
                 adj[j].discard(u)
     degree = {n: len(graph.adj[n]) for n in graph.nodes}
+    among = tuple(reachable)
     for u in sorted(unreachable):
         # As many reachable neighbours as the edges it lost (its degree, as far as can be).
         want = min(max(anchors, degree[u]), len(reachable))
-        by_rank = sorted(reachable, key=lambda r: hashlib.sha256(f"{u}|{r}".encode()).digest())
-        for r in by_rank:
+        for r in _by_rank(u, among):
             if len(adj[u]) >= want:
                 break
             link(u, r)
@@ -288,6 +288,14 @@ def reachable_graph(
             if a != b:
                 link(a, b)
     return Graph(graph.nodes, {n: frozenset(adj[n]) for n in graph.nodes})
+
+
+@functools.lru_cache(maxsize=8192)
+def _by_rank(node: NodeId, among: tuple[NodeId, ...]) -> tuple[NodeId, ...]:
+    """``among`` in ``node``'s rendezvous order. Kept, since every member builds the graph on
+    every change of its view, and the reachable members change far less often than that: U x R
+    hashes each time would cost a large swarm a second of CPU per change."""
+    return tuple(sorted(among, key=lambda r: hashlib.sha256(f"{node}|{r}".encode()).digest()))
 
 
 def metropolis_hastings(graph: Graph) -> dict[NodeId, dict[NodeId, float]]:

@@ -27,7 +27,7 @@ from gossip.outer import OuterNesterov
 from gossip.refusals import Reason
 from gossip.relays import choose_relays
 from gossip.replicas import GossipState, UpdateGuard
-from gossip.swim import Outgoing, Swim, SwimMessage
+from gossip.swim import MemberRecord, Outgoing, Swim, SwimMessage
 from node.daemon.dialout import PROBE_EVERY_S, PROBE_MISSES, PROBE_TIMEOUT_S
 from node.daemon.flat import FlatParams
 from node.daemon.inbound import Inbound
@@ -131,6 +131,9 @@ class SimNode:
         self.routes: dict[str, tuple[str, ...]] = {}
         self._misses: dict[str, int] = {}
         self._failed: set[str] = set()
+        #: The live members' addresses (by id, and as a set), as this node's view has them.
+        self._addresses: dict[str, str] = {}
+        self._live: set[str] = set()
         self.step = 0
         self.loss = float("nan")
         self.alive = True
@@ -178,6 +181,7 @@ class SimNode:
         """The node has its starting model: link to the neighbours, and train once every edge
         is up both ways (or after ``wait_timeout_s``), as the daemon does."""
         run_here(self.neighbourhood.start_linking())
+        self._read_view()
         self._follow_view()
         self.waiting = True
         self.sim.events.after(self.sim.cfg.wait_timeout_s, self._start_training)
@@ -318,7 +322,10 @@ class SimNode:
         """React to what changed (the daemon's membership task), and keep the timer set."""
         if not self.alive:
             return
-        if self.swim.drain_changes():
+        changes = self.swim.drain_changes()
+        if changes:
+            for record in changes:
+                self._note(record)
             self.update_topology()
         self.sim.events.timer(self.address, self.swim.next_deadline(), self.tick_swim)
 
@@ -329,14 +336,32 @@ class SimNode:
         self._follow_view()
         self.check_ready()
 
+    def _read_view(self) -> None:
+        """The live members' addresses and the routes to those behind NAT, from the whole view
+        (then kept up to date from each change: a thousand nodes each rereading a view of a
+        thousand on every change is what a simulation of them cannot afford)."""
+        self._addresses.clear()
+        self._live.clear()
+        self.routes.clear()
+        for record in self.swim.live_members():
+            self._note(record)
+
+    def _note(self, record: MemberRecord) -> None:
+        if record.node_id == self.node_id:
+            return
+        old = self._addresses.pop(record.node_id, None)
+        if old is not None:
+            self._live.discard(old)
+            self.routes.pop(old, None)
+        if record.live:
+            self._addresses[record.node_id] = record.address
+            self._live.add(record.address)
+            if record.relays:
+                self.routes[record.address] = record.relays
+
     def _follow_view(self) -> None:
-        records = self.swim.live_members()
-        self.routes = {
-            r.address: r.relays for r in records if r.relays and r.node_id != self.node_id
-        }
         if self.behind_nat:
-            live = {r.address for r in records}
-            relays = choose_relays(self.swim.relays, self.sessions() & live)
+            relays = choose_relays(self.swim.relays, self.sessions() & self._live)
             if relays:
                 self.swim.set_relays(relays)
 

@@ -5,7 +5,8 @@ join through the seed's address with no ``--advertise``: the seed cannot call th
 go by addresses of their own and open dial-out sessions. Every node reaches the target, and the
 nodes agree about as closely as the same six do with everyone reachable (a control run on the
 host, first); then one public node, a relay of every home node, is killed (SIGKILL), and the home
-nodes name the other as their relay within seconds and go on training.
+nodes name the other as their relay within seconds and go on training; at the end a home node is
+killed, and the seed finds it dead.
 
 The nodes behind NAT cannot be dialled by the test either: what they did is read from their own
 metrics logs (metrics.jsonl in each state dir), and what the others know of them from the public
@@ -201,6 +202,23 @@ async def test_two_public_and_four_nated_nodes_train_and_survive_their_relays_de
             finals = await poll(
                 all_trained, "every node's evaluation at the end of its budget", 300
             )
+
+            # Alive all along, the nodes behind NAT are alive in the seed's view; one killed
+            # (its sessions end with it) is found dead.
+            seen = await transport.call_status(seed, 10)
+            assert all(relays_of(seen, p.node_id) for p in behind)
+            gone = behind[0]
+            assert gone.proc is not None
+            gone.proc.send_signal(signal.SIGKILL)
+            died_at = time.monotonic()
+
+            def found_dead(statuses: list[NodeStatus]) -> bool:
+                return relays_of(statuses[0], gone.node_id) is None
+
+            await wait_for(
+                transport, [procs[0]], found_dead, "the seed to find the home node dead", 60
+            )
+            dead_s = time.monotonic() - died_at
         finally:
             codes = await asyncio.gather(*(p.stop(60) for p in procs))
             await transport.close(0)
@@ -215,8 +233,10 @@ async def test_two_public_and_four_nated_nodes_train_and_survive_their_relays_de
     assert control[1] <= control[0] / 2, control
     assert nat[1] <= nat[0] / 2, nat
     assert nat[1] <= 3.0 * control[1], (nat, control)
-    assert codes[1] == -signal.SIGKILL
-    assert [c for i, c in enumerate(codes) if i != 1] == [0] * (N - 1), codes
+    print(f"a killed home node was found dead {dead_s:.1f} s after")
+    killed = (1, PUBLIC)
+    assert [codes[i] for i in killed] == [-signal.SIGKILL] * 2, codes
+    assert [c for i, c in enumerate(codes) if i not in killed] == [0] * (N - 2), codes
     for i, record in finals.items():
         assert record["step"] == CFG.steps
         assert record["accuracy"] >= TARGET, (i, record)

@@ -7,8 +7,10 @@ are in place, with the compose settings in the environment (NODES, STEPS, MQTT_P
         --nodes 2 --steps 30000 --broker 127.0.0.1:18830 --report-dir murmur-runs/testbed-ci
 
 It listens to the broker the nodes report to from the start, brings the testbed up, and then:
-once one node (``node-1``) has written a checkpoint mid-run, kills its container (SIGKILL) and,
-once the broker and the other nodes have seen it go, starts the container again. It checks that
+once one node (``node-1``; with nodes in the home, behind its NAT router, a node they name as a
+relay) has written a checkpoint mid-run, kills its container (SIGKILL) and, once the broker and
+the other nodes have seen it go (and the home's nodes name another relay), starts the container
+again. It checks that
 the node resumed from its checkpoint (its log says at which step), rejoined (the others list it
 alive with a new incarnation, and it gossips again), that every node reaches the accuracy target,
 that the straggler was still training when the first fast node was done, that the broker
@@ -72,6 +74,7 @@ class CheckConfig:
     target: float
     report_dir: Path
     prometheus: str | None = None  # host:port of the testbed's Prometheus; None: not checked
+    homes: int = 0  # replicas of the `home` service, behind the home router
     swarm: str = "testbed"
     start_timeout_s: float = 180.0
     event_timeout_s: float = 120.0
@@ -83,7 +86,16 @@ class CheckConfig:
 
     @property
     def names(self) -> list[str]:
-        return ["seed", "straggler", *(f"node-{k}" for k in range(1, self.nodes + 1))]
+        return [
+            "seed",
+            "straggler",
+            *(f"node-{k}" for k in range(1, self.nodes + 1)),
+            *self.home_names,
+        ]
+
+    @property
+    def home_names(self) -> list[str]:
+        return [f"home-{k}" for k in range(1, self.homes + 1)]
 
 
 @dataclass
@@ -208,6 +220,7 @@ class TestbedNode:
     name: str
     container: str
     node_id: str
+    address: str  # as its entry point advertises it
 
 
 def find_nodes(cfg: CheckConfig) -> dict[str, TestbedNode] | None:
@@ -219,7 +232,7 @@ def find_nodes(cfg: CheckConfig) -> dict[str, TestbedNode] | None:
     )  # fmt: skip
     found: dict[str, TestbedNode] = {}
     for container, service in (line.split() for line in out.splitlines()):
-        if service not in ("seed", "straggler", "node"):
+        if service not in ("seed", "straggler", "node", "home"):
             continue
         text = logs(container)
         if "Traceback" in text:
@@ -227,7 +240,7 @@ def find_nodes(cfg: CheckConfig) -> dict[str, TestbedNode] | None:
         named = NAMED.search(text)
         ready = [json.loads(x) for x in text.splitlines() if x.startswith('{"event": "ready"')]
         if named and ready:
-            found[named[1]] = TestbedNode(named[1], container, ready[0]["node_id"])
+            found[named[1]] = TestbedNode(named[1], container, ready[0]["node_id"], named[2])
     return found if sorted(found) == sorted(cfg.names) else None
 
 
@@ -264,6 +277,9 @@ class Run:
     nodes: dict[str, TestbedNode] = field(default_factory=dict)  # by name
     summary: dict[str, Any] = field(default_factory=dict)
     t0: float = field(default_factory=time.monotonic)
+    #: The node killed and restarted, and the home's nodes that named it a relay then.
+    victim: str = VICTIM
+    relayed_by_victim: list[str] = field(default_factory=list)
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.1f} s] {text}", flush=True)
@@ -280,8 +296,12 @@ class Run:
 
     async def start(self) -> None:
         cfg = self.cfg
-        self.say(f"starting the testbed: seed, straggler and {cfg.nodes} nodes")
-        up = [*cfg.compose, "up", "-d", "--scale", f"node={cfg.nodes}"]
+        self.say(
+            f"starting the testbed: seed, straggler, {cfg.nodes} nodes and {cfg.homes} behind "
+            "the home router"
+        )
+        up = [*cfg.compose, "up", "-d", "--scale", f"node={cfg.nodes}", "--scale"]
+        up.append(f"home={cfg.homes}")
         await asyncio.to_thread(run, *up, timeout_s=cfg.start_timeout_s)
         self.nodes = await poll(lambda: find_nodes(cfg), "every node to start", cfg.start_timeout_s)
         await self.board.wait(
@@ -307,7 +327,8 @@ class Run:
         """Prometheus scrapes every node: each one's series of SCRAPED are there."""
         server = self.cfg.prometheus
         assert server is not None
-        ids = self.ids
+        # Nobody can dial the nodes in the home, Prometheus included.
+        ids = {n.node_id for n in self.nodes.values() if n.name not in self.cfg.home_names}
         instances = await poll(
             lambda: scraped_nodes(server, ids),
             f"Prometheus at {server} to hold every node's {', '.join(SCRAPED)}",
@@ -316,50 +337,92 @@ class Run:
         self.summary["prometheus_targets"] = len(instances)
         self.say(f"Prometheus scraped every node ({len(instances)} targets, {len(SCRAPED)} series)")
 
+    def relays_of(self, node_id: str) -> tuple[str, ...]:
+        """The relays the seed's last status names for ``node_id`` (none: reached directly)."""
+        record = member(self.last(self.nodes["seed"].node_id), node_id)
+        return tuple(record["relays"]) if record is not None else ()
+
+    async def choose_victim(self) -> None:
+        """The node to kill: node-1, or with a home, a node (not the seed) that the home's
+        nodes name as a relay, so that its death is also a relay's."""
+        homes = self.cfg.home_names
+        if not homes:
+            return
+        ids = [self.nodes[h].node_id for h in homes]
+        await self.board.wait(
+            lambda: all(self.relays_of(i) for i in ids),
+            "the seed to know the relays of every node in the home",
+            self.cfg.event_timeout_s,
+        )
+        by_address = {n.address: n.name for n in self.nodes.values()}
+        named = {
+            h: [by_address.get(r, r) for r in self.relays_of(self.nodes[h].node_id)] for h in homes
+        }
+        self.say("the home's relays: " + "; ".join(f"{h} {', '.join(r)}" for h, r in named.items()))
+        relays = sorted({r for rs in named.values() for r in rs if r.startswith("node-")})
+        relays = relays or sorted({r for rs in named.values() for r in rs if r != "seed"})
+        check(bool(relays), f"the home's nodes name no relay but the seed: {named}")
+        self.victim = relays[0]
+        self.relayed_by_victim = [h for h, rs in named.items() if self.victim in rs]
+
     async def crash_and_restart(self) -> None:
         """Kill the victim's container once it has a checkpoint from well into its run, wait for
-        the swarm to see it die, start the container again, and see it resume and rejoin."""
+        the swarm to see it die (and the home's nodes, if it was their relay, to name another),
+        start the container again, and see it resume and rejoin."""
         cfg, board = self.cfg, self.board
-        victim = self.nodes[VICTIM]
+        await self.choose_victim()
+        victim = self.nodes[self.victim]
         vid = victim.node_id
         others = self.ids - {vid}
         await board.wait(
             lambda: self.last(vid)["step"] >= cfg.steps // 4,
-            f"{VICTIM} to reach step {cfg.steps // 4}",
+            f"{self.victim} to reach step {cfg.steps // 4}",
             cfg.run_timeout_s,
         )
         saved = await poll(
             lambda: step if (step := checkpoint_step(victim)) > 0 else None,
-            f"a checkpoint of {VICTIM}",
+            f"a checkpoint of {self.victim}",
             cfg.event_timeout_s,
         )
         reported = self.last(vid)["step"]
-        check(not self.last(vid)["training_done"], f"{VICTIM} was done before it was killed")
+        check(not self.last(vid)["training_done"], f"{self.victim} was done before it was killed")
         incarnation = max(m["incarnation"] for i in others if (m := member(self.last(i), vid)))
         await asyncio.to_thread(run, "docker", "kill", victim.container)
         await asyncio.to_thread(run, "docker", "wait", victim.container)
-        self.say(f"killed {VICTIM} (last reported step {reported}, a checkpoint at step {saved})")
+        self.say(f"killed {self.victim} (last reported step {reported}, a checkpoint at {saved})")
 
         await board.wait(
             lambda: board.online.get(vid) is False,
-            f"the broker to see {VICTIM} go (its will)",
+            f"the broker to see {self.victim} go (its will)",
             cfg.event_timeout_s,
         )
         await board.wait(
             lambda: all(
                 (m := member(self.last(i), vid)) is None or m["status"] == "dead" for i in others
             ),
-            f"every other node to find {VICTIM} dead",
+            f"every other node to find {self.victim} dead",
             cfg.event_timeout_s,
         )
-        self.say(f"the broker and every other node saw {VICTIM} die; starting it again")
+        if self.relayed_by_victim:
+            await board.wait(
+                lambda: (
+                    not any(
+                        victim.address in self.relays_of(self.nodes[h].node_id)
+                        for h in self.relayed_by_victim
+                    )
+                ),
+                f"{', '.join(self.relayed_by_victim)} to name a relay other than {self.victim}",
+                cfg.event_timeout_s,
+            )
+            self.say(f"{', '.join(self.relayed_by_victim)} named another relay")
+        self.say(f"the broker and every other node saw {self.victim} die; starting it again")
 
         restarted_at = time.time()
         await asyncio.to_thread(run, "docker", "start", victim.container)
         resumed = await follow_log(victim.container, RESUMED, restarted_at, cfg.event_timeout_s)
         step = int(resumed[1])
-        check(step > 0, f"{VICTIM} started again from step 0, not from its checkpoint")
-        check(step >= saved, f"{VICTIM} resumed at step {step}, before its checkpoint at {saved}")
+        check(step > 0, f"{self.victim} started again from step 0, not from its checkpoint")
+        check(step >= saved, f"{self.victim} resumed at step {step}, before its checkpoint {saved}")
 
         def rejoined() -> bool:
             mine = [s for s in board.statuses[vid] if s["time"] > restarted_at and s["online"]]
@@ -374,11 +437,12 @@ class Run:
                 for i in others
             )
 
-        await board.wait(rejoined, f"{VICTIM} to rejoin and gossip again", cfg.event_timeout_s)
+        await board.wait(rejoined, f"{self.victim} to rejoin and gossip again", cfg.event_timeout_s)
         first = next(s for s in board.statuses[vid] if s["time"] > restarted_at)
-        check(first["step"] >= step, f"{VICTIM}'s first status after it came back: {first}")
-        self.say(f"{VICTIM} resumed at step {step} and rejoined: all list it alive, it gossips")
-        self.summary |= {"killed_after_step": reported, "checkpoint_step": saved}
+        check(first["step"] >= step, f"{self.victim}'s first status after it came back: {first}")
+        self.say(f"{self.victim} resumed at step {step} and rejoined: all list it alive, gossiping")
+        self.summary |= {"victim": self.victim, "killed_after_step": reported}
+        self.summary |= {"checkpoint_step": saved, "relay_of": self.relayed_by_victim}
         self.summary["resumed_at_step"] = step
 
     async def finish(self) -> None:
@@ -403,7 +467,7 @@ class Run:
         """A clean stop: every node leaves, says goodbye on the broker (which stays up to hear
         it), writes its final checkpoint and exits 0. Then ``murmur report`` on the state."""
         cfg = self.cfg
-        stop = [*cfg.compose, "stop", "-t", "60", "seed", "straggler", "node"]
+        stop = [*cfg.compose, "stop", "-t", "60", "seed", "straggler", "node", "home"]
         await asyncio.to_thread(run, *stop, timeout_s=300)
         for n in self.nodes.values():
             code = run("docker", "inspect", "-f", "{{.State.ExitCode}}", n.container).strip()
@@ -428,7 +492,8 @@ class Run:
         check(sorted(rows) == sorted(cfg.names), f"the report's nodes: {sorted(rows)}")
         restarts = {name: row["restarts"] for name, row in rows.items()}
         check(
-            restarts == {n: "1" if n == VICTIM else "0" for n in cfg.names}, f"restarts: {restarts}"
+            restarts == {n: "1" if n == self.victim else "0" for n in cfg.names},
+            f"restarts: {restarts}",
         )
         self.say(f"report: {cfg.report_dir / REPORT_FILE}")
 
@@ -486,6 +551,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--compose", required=True, help="the compose command, with -p and -f")
     p.add_argument("--nodes", type=int, default=2, help="replicas of the node service")
+    p.add_argument("--homes", type=int, default=0, help="replicas of the home service")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--broker", required=True, metavar="HOST:PORT")
     p.add_argument("--target", type=float, default=0.93, help="accuracy every node must reach")
@@ -500,6 +566,7 @@ def main() -> int:
         target=args.target,
         report_dir=args.report_dir,
         prometheus=args.prometheus,
+        homes=args.homes,
     )
     return asyncio.run(main_async(cfg))
 
