@@ -228,10 +228,11 @@ async def test_two_public_and_four_nated_nodes_train_and_survive_their_relays_de
         f"neighbours' replicas, steps {EARLY} then {LATER}: {nat[0]:.3g} then {nat[1]:.3g} "
         f"behind NAT, {control[0]:.3g} then {control[1]:.3g} all reachable"
     )
-    # The disagreement falls as it does with everyone reachable, and stays near it (the
-    # nodes behind NAT have two neighbours each, the public ones five: 1.6-1.9x measured).
-    assert control[1] <= control[0] / 2, control
-    assert nat[1] <= nat[0] / 2, nat
+    # The disagreement falls as it does with everyone reachable (to 0.3-0.4 of where it
+    # started, measured), and stays near it: 1.6-2.0x measured (the nodes behind NAT have two
+    # neighbours each, the public ones five).
+    assert control[1] <= 0.6 * control[0], control
+    assert nat[1] <= 0.6 * nat[0], nat
     assert nat[1] <= 3.0 * control[1], (nat, control)
     print(f"a killed home node was found dead {dead_s:.1f} s after")
     killed = (1, PUBLIC)
