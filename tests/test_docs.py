@@ -150,14 +150,23 @@ def test_the_readme_config_example_passes_the_schema(tmp_path: Path) -> None:
     assert settings.trainer.steps == 2000
 
 
-def test_the_testbed_provisioning_writes_valid_configs(tmp_path: Path) -> None:
-    """docker/provision as the testbed's certs service runs it (its /ca and /state moved into a
-    temporary dir), and its testbed.toml files checked by `murmur run --config`'s schema."""
+def provision(tmp_path: Path, nodes: int, homes: int = 0) -> None:
+    """docker/provision as the testbed's certs service runs it, its /ca and /state moved into
+    ``tmp_path``."""
     script = (ROOT / "docker" / "provision").read_text()
     script = script.replace("/state/", f"{tmp_path}/state/")
     script = re.sub(r"(?<![\w/.])/ca(?=[/\s\"]|$)", f"{tmp_path}/ca", script)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    subprocess.run(["bash", "-c", script, "provision", "2"], env=env, check=True, timeout=120)
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "HOMES": str(homes)}
+    subprocess.run(
+        ["bash", "-c", script, "provision", str(nodes)], env=env, check=True, timeout=120
+    )
+
+
+def test_the_testbed_provisioning_writes_valid_configs(tmp_path: Path) -> None:
+    """docker/provision as the testbed's certs service runs it (its /ca and /state moved into a
+    temporary dir), and its testbed.toml files checked by `murmur run --config`'s schema."""
+    provision(tmp_path, nodes=2)
     configs = sorted((tmp_path / "state").glob("*/testbed.toml"))
     assert [c.parent.name for c in configs] == ["node-1", "node-2", "seed", "straggler"]
     for path in configs:
@@ -167,3 +176,19 @@ def test_the_testbed_provisioning_writes_valid_configs(tmp_path: Path) -> None:
     straggler = load_settings(tmp_path / "state" / "straggler" / "testbed.toml", environ={})
     assert straggler.trainer.slowdown == 3.0
     assert straggler.join == ("seed:7070",)
+
+
+def test_the_testbed_provisioning_makes_the_homes_nodes_too(tmp_path: Path) -> None:
+    """With HOMES (the nodes behind the testbed's home router), they get state dirs and shards
+    of their own, and join through the seed as the others do."""
+    provision(tmp_path, nodes=1, homes=2)
+    names = sorted(c.parent.name for c in (tmp_path / "state").glob("*/testbed.toml"))
+    assert names == ["home-1", "home-2", "node-1", "seed", "straggler"]
+    shards = set()
+    for name in names:
+        settings = load_settings(tmp_path / "state" / name / "testbed.toml", environ={})
+        assert settings.shard_count == 5
+        shards.add(settings.shard_index)
+    assert shards == set(range(5))
+    home = load_settings(tmp_path / "state" / "home-2" / "testbed.toml", environ={})
+    assert home.join == ("seed:7070",)
