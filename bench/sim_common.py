@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import subprocess
@@ -67,3 +68,11 @@ def fmt_s(sample: dict[str, Any] | None, rounds: bool = True) -> str:
     return (
         f"{sample['t']:.2f} ({sample['rounds_per_node']:.0f})" if rounds else f"{sample['t']:.1f}"
     )
+
+
+def rounds_to(samples: list[dict[str, Any]], factor: float) -> float | None:
+    """Mean rounds per node until the consensus distance fell ``factor`` times from the first
+    sample that has one (at time 0 no node trains yet, so there is none); None if it never did."""
+    cd0 = next(x["consensus_distance"] for x in samples if math.isfinite(x["consensus_distance"]))
+    s = next((x for x in samples if x["consensus_distance"] <= cd0 / factor), None)
+    return None if s is None else float(s["rounds_per_node"])

@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import time
 from typing import Any
 
-from bench.sim_common import run_child, run_here
+from bench.sim_common import rounds_to, run_child, run_here
 from bench.sim_scaling import config
 
 HEADER = (
@@ -33,14 +32,6 @@ HEADER = (
     "relayed KiB / reachable node | rounds | wall s |\n"
     "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
-
-
-def rounds_to(samples: list[dict[str, Any]], factor: float) -> float | None:
-    """Rounds until the consensus distance fell ``factor`` times from the first sample that
-    has one (at time 0 no node trains yet)."""
-    cd0 = next(x["consensus_distance"] for x in samples if math.isfinite(x["consensus_distance"]))
-    s = next((x for x in samples if x["consensus_distance"] <= cd0 / factor), None)
-    return None if s is None else float(s["rounds_per_node"])
 
 
 def row(n: int, topology: str, share: float, r: dict[str, Any], base: dict[str, Any] | None) -> str:

@@ -25,7 +25,7 @@ import math
 import time
 from typing import Any
 
-from bench.sim_common import first_at_or_below, fmt_s, run_child, run_here
+from bench.sim_common import first_at_or_below, fmt_s, rounds_to, run_child, run_here
 from gossip.topology import build, mixing_matrix, spectral_gap
 from node.config import GossipConfig
 from node.sim import NetConfig, SimConfig
@@ -72,19 +72,19 @@ def row(n: int, topology: str, r: dict[str, Any]) -> str:
 
 def gossip_row(n: int, topology: str, r: dict[str, Any]) -> str:
     samples = r["samples"]
-    cd0 = samples[0]["consensus_distance"]
 
-    def rounds_to(factor: float) -> str:
-        s = next((x for x in samples if x["consensus_distance"] <= cd0 / factor), None)
-        return "—" if s is None else f"{s['rounds_per_node']:.0f}"
+    def rounds(factor: float) -> str:
+        got = rounds_to(samples, factor)
+        return "—" if got is None else f"{got:.0f}"
 
     last = samples[-1]
+    cd0 = next(x["consensus_distance"] for x in samples if math.isfinite(x["consensus_distance"]))
     # Exact synchronous gossip shrinks the distance by (1 - gap)^2 a round at least; the same
     # graph as the simulator's, up to labels (random-regular: another draw of the same kind).
     graph = build(topology, [f"{i:05d}" for i in range(n)], degree=4, seed=0)
     bound = math.log(100) / (2 * spectral_gap(mixing_matrix(graph)))
     return (
-        f"| {topology} | {n} | {rounds_to(1e2)} | {bound:.0f} | {rounds_to(1e4)} | "
+        f"| {topology} | {n} | {rounds(1e2)} | {bound:.0f} | {rounds(1e4)} | "
         f"{last['consensus_distance'] / cd0:.2g} | {last['rounds_per_node']:.0f} | "
         f"{r['wall_s']:.0f} |"
     )
