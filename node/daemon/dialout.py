@@ -151,8 +151,10 @@ class DialOut:
         """``relay`` misbehaved: name another in its place (when one is up), for a while."""
         self.faults += 1
         self._misses.pop(relay, None)
+        known = not self._trusted(relay)
         self.distrusted[relay] = self.runtime.clock.now() + DISTRUST_S
-        log.warning("relay %s misbehaved (%s): naming another", relay, why)
+        if not known:  # a relay at it again is not news: logged once a while
+            log.warning("relay %s misbehaved (%s): naming another", relay, why)
         self._update_relays()
 
     def _trusted(self, address: str) -> bool:
