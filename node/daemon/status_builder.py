@@ -121,4 +121,5 @@ class StatusBuilder:
             member_counts=member_counts,
             sessions=sessions,
             relayed_bytes=relayed,
+            relay_faults=self.peers.dialout.faults,
         )

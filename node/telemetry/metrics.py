@@ -118,6 +118,11 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
         "Bytes of membership calls passed on for nodes nobody can dial, as their relay.",
         s.relayed_bytes,
     )
+    counter(
+        "murmur_relay_faults",
+        "Times a relay of this node (behind NAT) dropped, held back, altered or replayed calls.",
+        s.relay_faults,
+    )
     out.append(
         _gauge(
             "murmur_sessions",

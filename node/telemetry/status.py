@@ -82,6 +82,9 @@ class NodeStatus:
     relayed_bytes: int = 0
     #: Rounds begun but not made: nothing worth its bytes (the event trigger), or no neighbour.
     rounds_skipped: int = 0
+    #: Behind NAT: the times a relay of this node was found to drop, hold back, alter or replay
+    #: what it passed on (node/daemon/dialout.py).
+    relay_faults: int = 0
 
     @property
     def live_members(self) -> int:
@@ -159,6 +162,8 @@ def format_status(s: NodeStatus) -> str:
             f"  sessions held for nodes behind NAT {s.sessions}  "
             f"relayed {fmt_size(s.relayed_bytes)}"
         )
+    if s.relay_faults:
+        lines.append(f"  relays found misbehaving {s.relay_faults} (named no more)")
     if s.rejected:
         lines.append("  rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(s.rejected.items())))
     lines.append(f"  neighbours ({len(s.neighbours)}):")

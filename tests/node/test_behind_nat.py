@@ -109,6 +109,9 @@ async def test_nodes_nobody_can_dial_join_and_train_through_sessions(
     # (nat-1 and nat-2 reach each other only through a relay).
     statuses = [await swarm[name].status() for name in ("seed", "open")]
     assert [s.sessions for s in statuses] == [2, 2]
+    # Honest relays: nothing held against them (each node probed them all along).
+    assert [(await swarm[n].status()).relay_faults for n in ("nat-1", "nat-2")] == [0, 0]
+    assert all(swarm[n].peers.dialout.probes > 0 for n in ("nat-1", "nat-2"))
     assert sum(s.relayed_bytes for s in statuses) > 0
 
 

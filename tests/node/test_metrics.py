@@ -68,6 +68,7 @@ async def test_a_scrape_reads_the_nodes_training_gossip_and_membership(tmp_path:
         "murmur_gossip_rounds",
         "murmur_gossip_rounds_skipped",
         "murmur_relayed_bytes",
+        "murmur_relay_faults",
         "murmur_sent_bytes",
         "murmur_received_bytes",
         "murmur_rejected_messages",
