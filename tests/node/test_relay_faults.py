@@ -32,7 +32,7 @@ FAULTS = ("drop", "delay", "replay", "alter", "make_up")
 #: Probes every PROBE_S, each given PROBE_TIMEOUT_S to come back (a "delay" relay holds calls
 #: back for twice that).
 PROBE_S = 0.2
-PROBE_TIMEOUT_S = 0.5
+PROBE_TIMEOUT_S = 1.0
 TIMEOUT_S = 20.0
 
 
