@@ -185,6 +185,8 @@ class Node:
             start_step=int(resume.meta["step"]) if resume else 0,
             on_rollback=signals.on_loop(self._rolled_back),
             clock=clock,
+            # The trainer's thread observes (thread-safe); the counters come next, before it runs.
+            on_step_time=lambda seconds: self.counters.histograms.step_seconds.observe(seconds),
         )
         if resume is not None and resume.optimizer is not None:
             self.trainer.optimizer.load_state_dict(dict(resume.optimizer))

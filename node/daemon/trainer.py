@@ -218,6 +218,8 @@ class Trainer:
         on_done: called from the training thread when training ends (budget spent, stopped or
             failed); evaluations may follow it.
         on_rollback: called from the training thread after each rollback.
+        on_step_time: called from the training thread after every step, with its seconds
+            (compute, and the wait of a slowdown; not the evaluations).
     """
 
     def __init__(
@@ -232,6 +234,7 @@ class Trainer:
         start_step: int = 0,
         on_rollback: Callable[[Rollback], None] = lambda rollback: None,
         clock: Clock | None = None,
+        on_step_time: Callable[[float], None] = lambda seconds: None,
     ) -> None:
         if len(task.train) == 0:  # type: ignore[arg-type]
             raise ValueError("this node's training shard is empty")
@@ -248,6 +251,7 @@ class Trainer:
         self._on_eval = on_eval
         self._on_done = on_done
         self._on_rollback = on_rollback
+        self._on_step_time = on_step_time
         # The last two finite states: when going back to the newest fails at once, the one
         # before it may still hold.
         self._finite: deque[_FiniteState] = deque(maxlen=2)
@@ -407,6 +411,7 @@ class Trainer:
                     # Outside the model lock: a slow device is slow to compute, and its gossip
                     # worker still mixes meanwhile. Wakes at once when the node stops.
                     self._stop.wait(wait)
+                self._on_step_time(time.perf_counter() - began)
                 if self.step % self.cfg.eval_every == 0:
                     self._on_eval(self.evaluate())
             finished = budget is not None and self.step >= budget

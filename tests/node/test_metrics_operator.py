@@ -75,6 +75,12 @@ async def test_a_scrape_serves_build_info_histograms_and_process_metrics(tmp_pat
     assert 5 <= rounds <= count <= rounds_after
     assert 0 < total < TIMEOUT_S * count
 
+    # Every step is observed once, after it is counted; the node trained on meanwhile.
+    count, total = check_histogram(metrics["murmur_training_step_seconds"])
+    steps = value(metrics["murmur_training_steps"], "_total")
+    assert 5 <= steps - 1 <= count <= node.trainer.step
+    assert 0 < total < TIMEOUT_S * count
+
     # Deltas only: their bytes are part of every byte received (snapshots are the rest).
     count, total = check_histogram(metrics["murmur_received_delta_bytes"])
     assert count >= 1
