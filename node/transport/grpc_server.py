@@ -380,7 +380,11 @@ class Servicer(murmur_pb2_grpc.MurmurServicer):
                 lambda f: wire.address(f.address, "session address"), opening, caller
             )
             # Without TLS the caller is its connection, which names no node.
-            peer = self.sessions.open(address, caller if self.certs is not None else "")
+            if self.certs is not None:
+                cert = bytes(next(iter(context.auth_context()["x509_pem_cert"])))
+                peer = self.sessions.open(address, caller, cert)
+            else:
+                peer = self.sessions.open(address, "")
             if peer is None:
                 raise self._refusal(
                     Reason.BAD_ADDRESS, f"another node holds a session for {address}"
@@ -441,7 +445,9 @@ class Servicer(murmur_pb2_grpc.MurmurServicer):
                     return end_frame(
                         0, grpc.StatusCode.UNAVAILABLE, f"no session from {request.to} here"
                     )
-                verdict = self.relay_checks.check(request.call, request.to, holder=peer.node_id)
+                verdict = self.relay_checks.check(
+                    request.call, request.to, holder=(peer.node_id, peer.cert)
+                )
                 if verdict.refusal is not None:
                     raise self._refusal(*verdict.refusal)
                 try:

@@ -120,9 +120,11 @@ class _Call:
 class TunnelPeer:
     """The member's end of one session: calls written as frames, answers read back by id."""
 
-    def __init__(self, address: str, node_id: str) -> None:
+    def __init__(self, address: str, node_id: str, cert: bytes = b"") -> None:
         self.address = address
         self.node_id = node_id
+        #: The certificate the node that holds the session showed (empty without TLS).
+        self.cert = cert
         self.out: asyncio.Queue[Any] = asyncio.Queue()
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count(1)
@@ -344,15 +346,16 @@ class SessionTable:
         #: Bytes of forwarded calls (for other members) this member passed on, both ways.
         self.forwarded_bytes = 0
 
-    def open(self, address: str, node_id: str) -> TunnelPeer | None:
-        """A new session from ``node_id`` at ``address``; None when another node holds one for
-        that address (a second one from the same node replaces the first)."""
+    def open(self, address: str, node_id: str, cert: bytes = b"") -> TunnelPeer | None:
+        """A new session from ``node_id`` (its certificate ``cert``) at ``address``; None when
+        another node holds one for that address (a second one from the same node replaces the
+        first)."""
         held = self._peers.get(address)
         if held is not None and not held.closed:
             if held.node_id != node_id:
                 return None
             held.close()
-        peer = self._peers[address] = TunnelPeer(address, node_id)
+        peer = self._peers[address] = TunnelPeer(address, node_id, cert)
         return peer
 
     def closed(self, peer: TunnelPeer) -> None:
