@@ -17,9 +17,10 @@ the node finds out when it does:
   its answer carry no certificate (the relay checks it against the one the node proved when it
   opened the session, and the node knows its own), which keeps them to about 200 bytes.
 
-A relay sees the certificate of a call's maker, so it can tell a node's probes from other
-calls: the probes catch relays that fail or misbehave toward the node, while a relay that drops
-other members' calls only is left by those members, who try the node's next relay.
+A relay can tell a node's probes from other calls (a probe names its method; other calls carry
+their maker's certificate): the probes catch relays that fail or misbehave toward the node,
+while a relay that drops other members' calls only is left by those members, who try the
+node's next relay.
 """
 
 from __future__ import annotations
