@@ -190,7 +190,12 @@ async def test_two_public_and_four_nated_nodes_train_and_survive_their_relays_de
             moved_s = time.monotonic() - killed_at
 
             async def trained_on() -> bool:
-                return all(evals(p)[-1]["step"] > steps_before[p.index] for p in behind if evals(p))
+                # A node that had spent its budget before the kill has nothing left to train.
+                return all(
+                    evals(p)[-1]["step"] > steps_before[p.index]
+                    or steps_before[p.index] == CFG.steps
+                    for p in behind
+                )
 
             await poll(trained_on, "the home nodes to train on after the kill", 120)
             survivors = [p for p in procs if p is not victim]
