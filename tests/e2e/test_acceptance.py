@@ -55,7 +55,10 @@ def test_eight_nodes_on_non_iid_shards_match_one_process_on_all_the_data(tmp_pat
         assert n["accuracy"] >= 0.93, n
         # int8 with per-block scales: at most 30% of what fp32 payloads would have taken.
         assert n["compression_ratio"] <= 0.30, n
-    assert report["averaged_accuracy"] >= report["reference_accuracy"] - 0.015
+    # The test set has 359 points, so 0.025 is 9 of them. Measured against the reference's
+    # 0.9833: 0.9666-0.9805 over six runs on two cores (three at the commit before the relay
+    # checks, three after: the same spread), and 0.9666 once in CI.
+    assert report["averaged_accuracy"] >= report["reference_accuracy"] - 0.025
     assert report["reference_steps"] == NODES * STEPS
     assert "averaged model" in run.stdout
     # The history over time, beside report.md.
