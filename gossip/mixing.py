@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gossip.budget import ByteBudget
 from gossip.codecs import Encoded
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
@@ -189,6 +190,8 @@ class Mixer:
     Args:
         outer: DiLoCo's outer step after each round's mix (None: plain gossip).
         attack_generator: the randomness of the ``random``, ``huge`` and ``spike`` attacks.
+        budget: the node's byte budget (gossip/budget.py): while it is ahead of its allowance,
+            only heartbeat rounds are made. Needs ``cfg.trigger``. The links spend it.
     """
 
     def __init__(
@@ -197,10 +200,17 @@ class Mixer:
         cfg: MixConfig,
         outer: OuterNesterov | None = None,
         attack_generator: torch.Generator | None = None,
+        budget: ByteBudget | None = None,
     ) -> None:
+        if budget is not None and cfg.trigger is None:
+            raise ValueError(
+                "a byte budget needs the event-triggered rule: once spent, the node makes "
+                "only its heartbeat rounds"
+            )
         self.state = state
         self.cfg = cfg
         self.outer = outer
+        self.budget = budget
         self._attack_rng = attack_generator or torch.Generator(state.device).manual_seed(0)
         self.scores = (
             NeighbourScores(byzantine_fraction=cfg.byzantine_fraction) if cfg.robust else None
@@ -273,7 +283,13 @@ class Mixer:
             )
         reason = "always"
         if self.trigger is not None:
-            found = self.trigger.decide(current, state, self._mix_weights(neighbours), cfg.gamma)
+            # What the round would send: a delta to every neighbour (the wire adds a few bytes
+            # of header, and the budget its charge).
+            upcoming = state.codec.encoded_nbytes(state.public.numel()) * len(neighbours)
+            hold = self.budget is not None and self.budget.ahead(upcoming)
+            found = self.trigger.decide(
+                current, state, self._mix_weights(neighbours), cfg.gamma, hold
+            )
             if found is None:
                 return None
             reason = found

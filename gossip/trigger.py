@@ -81,10 +81,12 @@ class TriggerConfig:
 
 @dataclass
 class TriggerStats:
-    """Counts of the rule's decisions: rounds made, by reason, and rounds skipped."""
+    """Counts of the rule's decisions: rounds made, by reason, and rounds skipped (of which
+    ``held``: skipped only because a byte budget was ahead of its allowance)."""
 
     made: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
     skipped: int = 0
+    held: int = 0
 
 
 class RoundTrigger:
@@ -111,12 +113,20 @@ class RoundTrigger:
         state: GossipState,
         weights: Mapping[NodeId, float],
         gamma: float,
+        hold: bool = False,
     ) -> str | None:
         """Why a round is worth making now, or None when it is not (nothing changes but the
-        statistics and μ). ``current`` is a copy of x, ``weights`` the mix's."""
+        statistics and μ). ``current`` is a copy of x, ``weights`` the mix's. With ``hold`` (a
+        byte budget ahead of its allowance, gossip/budget.py) only the first round and the
+        heartbeat are made."""
         self._note_movement(current)
         now = state.clock.now()
-        reason = self._reason(current, state, weights, gamma, now)
+        if hold:
+            reason = self._due(now)
+            if reason is None:
+                self.stats.held += 1
+        else:
+            reason = self._reason(current, state, weights, gamma, now)
         if reason is None:
             self.stats.skipped += 1
         return reason
@@ -142,6 +152,14 @@ class RoundTrigger:
             a = self.cfg.smoothing
             self.movement = (1 - a) * self.movement + a * moved
 
+    def _due(self, now: float) -> str | None:
+        """The rounds made whatever the state: the first, and the heartbeat."""
+        if self._last_made is None:
+            return "first"
+        if now - self._last_made >= self.heartbeat_s:
+            return "heartbeat"
+        return None
+
     def _reason(
         self,
         current: torch.Tensor,
@@ -150,10 +168,9 @@ class RoundTrigger:
         gamma: float,
         now: float,
     ) -> str | None:
-        if self._last_made is None:
-            return "first"
-        if now - self._last_made >= self.heartbeat_s:
-            return "heartbeat"
+        due = self._due(now)
+        if due is not None:
+            return due
         bar = self.cfg.threshold * self.movement
         if float(torch.linalg.vector_norm(current - state.public)) > bar:
             return "movement"

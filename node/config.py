@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gossip.budget import BudgetConfig
 from gossip.codecs import CODECS, DEFAULT_FRACTION
 from gossip.robust import ATTACKS  # test-only attacks (GossipConfig.attack)
 from gossip.swim import SwimConfig
@@ -83,6 +84,8 @@ class GossipConfig:
     outer_momentum: its Nesterov momentum.
     max_upload_rate: bytes per second the node sends at most, on all its links together and
         with protocol overhead (node/daemon/pacing.py); None: no cap.
+    byte_budget: (bytes, seconds): what the node may send per period, spread over it, and
+        heartbeats only once spent (gossip/budget.py); None: no budget. Needs the trigger.
     """
 
     topology: str = "exponential"
@@ -106,6 +109,7 @@ class GossipConfig:
     outer_lr: float | None = None
     outer_momentum: float = 0.9
     max_upload_rate: float | None = None
+    byte_budget: tuple[int, float] | None = None
 
     def __post_init__(self) -> None:
         if self.idle_round_interval_s is not None and self.idle_round_interval_s <= 0:
@@ -137,6 +141,21 @@ class GossipConfig:
                 f"max_upload_rate must be at least {MIN_UPLOAD_RATE} bytes/s (membership alone "
                 f"needs a few kB/s), got {self.max_upload_rate:g}"
             )
+        if self.byte_budget is not None:
+            self.budget_config  # raises on values it refuses  # noqa: B018
+            if not self.trigger:
+                raise ValueError(
+                    "a byte budget needs the trigger (once spent, the node makes only its "
+                    "heartbeat rounds): leave --no-trigger off"
+                )
+
+    @property
+    def budget_config(self) -> BudgetConfig | None:
+        """The byte budget's settings; None without a budget."""
+        if self.byte_budget is None:
+            return None
+        nbytes, period_s = self.byte_budget
+        return BudgetConfig(int(nbytes), float(period_s))
 
     @property
     def trigger_config(self) -> TriggerConfig | None:

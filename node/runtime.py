@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from gossip.clock import Clock
 
-__all__ = ["LoopClock", "Runtime", "SystemClock"]
+__all__ = ["LoopClock", "Runtime", "SystemClock", "WallClock"]
 
 
 class LoopClock:
@@ -37,6 +37,14 @@ class SystemClock:
 
     def now(self) -> float:
         return time.monotonic()
+
+
+class WallClock:
+    """Seconds since the Unix epoch: for what must agree with the calendar and survive a restart
+    (a byte budget's period turns at 00:00 UTC), never for timeouts."""
+
+    def now(self) -> float:
+        return time.time()
 
 
 @dataclass(frozen=True)

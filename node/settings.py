@@ -27,6 +27,8 @@ from pydantic import (
     ByteSize,
     ConfigDict,
     Field,
+    TypeAdapter,
+    ValidationError,
     ValidationInfo,
     field_validator,
 )
@@ -158,6 +160,59 @@ def _per_second(value: object) -> object:
 #: Bytes per second, with units (200KB, 2MiB, 2MB/s): pydantic's ByteSize.
 UploadRate = Annotated[ByteSize, BeforeValidator(_per_second), Field(ge=MIN_UPLOAD_RATE)]
 
+#: Seconds in a budget's period, by the unit users write (``500MB/day``, ``2GB/30d``).
+PERIOD_UNITS = {
+    "s": 1.0,
+    "sec": 1.0,
+    "second": 1.0,
+    "min": 60.0,
+    "minute": 60.0,
+    "h": 3600.0,
+    "hour": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+    "w": 604800.0,
+    "week": 604800.0,
+}
+_BYTES = TypeAdapter(ByteSize)
+_PERIOD = re.compile(r"^\s*(\d+(?:\.\d+)?)?\s*([a-z]+?)s?\s*$")
+
+
+def parse_budget(value: object) -> object:
+    """``BYTES/PERIOD`` (``500MB/day``, ``2GiB/week``, ``50MB/6h``) as (bytes, seconds)."""
+    if not isinstance(value, str):
+        return value
+    amount, slash, period = value.partition("/")
+    if not slash:
+        raise ValueError(f"a byte budget is BYTES/PERIOD, such as 500MB/day; got {value!r}")
+    try:
+        nbytes = int(_BYTES.validate_python(amount.strip()))
+    except ValidationError:
+        raise ValueError(
+            f"{amount.strip()!r} in the byte budget {value!r} is not a size (500MB, 2GiB)"
+        ) from None
+    found = _PERIOD.match(period.lower())
+    if found is None or found.group(2) not in PERIOD_UNITS:
+        raise ValueError(
+            f"unknown period {period!r} in the byte budget {value!r}: a number (optional) and "
+            f"one of {', '.join(sorted(PERIOD_UNITS))}"
+        )
+    count = float(found.group(1)) if found.group(1) else 1.0
+    return (nbytes, count * PERIOD_UNITS[found.group(2)])
+
+
+def _positive_budget(value: tuple[int, float]) -> tuple[int, float]:
+    nbytes, period_s = value
+    if nbytes <= 0 or period_s <= 0:
+        raise ValueError("a byte budget needs a positive number of bytes and a positive period")
+    return value
+
+
+#: A byte budget per period: (bytes, seconds).
+ByteBudgetSpec = Annotated[
+    tuple[int, float], BeforeValidator(parse_budget), AfterValidator(_positive_budget)
+]
+
 
 class GossipSettings(_Schema):
     """``[gossip]``: :class:`node.config.GossipConfig`."""
@@ -213,6 +268,11 @@ class GossipSettings(_Schema):
         description="bytes a second the node sends at most, all links and overhead together "
         "(200KB/s, 2MiB/s; none: no cap)",
     )  # membership keeps a tenth of it; at least 16kB/s
+    byte_budget: ByteBudgetSpec | None = Field(
+        None,
+        description="bytes the node may send per period (500MB/day, 2GiB/week), spread over "
+        "it; heartbeats only once spent (none: no budget)",
+    )  # for metered links; membership is outside it
 
 
 class MembershipSettings(_Schema):
@@ -358,6 +418,7 @@ FLAG_KEYS: dict[str, str] = {
     "outer-lr": "gossip.outer_lr",
     "outer-momentum": "gossip.outer_momentum",
     "max-upload-rate": "gossip.max_upload_rate",
+    "byte-budget": "gossip.byte_budget",
     "robust": "gossip.robust",
     "byzantine-fraction": "gossip.byzantine_fraction",
     "attack": "gossip.attack",

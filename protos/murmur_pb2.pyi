@@ -236,7 +236,7 @@ class NeighbourStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ..., weight: _Optional[float] = ..., bytes_received: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "train_loss", "eval_accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples", "eval_loss", "eval_step", "eval_age_s", "member_counts", "sessions", "relayed_bytes", "rounds_skipped", "relay_faults")
+    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "train_loss", "eval_accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples", "eval_loss", "eval_step", "eval_age_s", "member_counts", "sessions", "relayed_bytes", "rounds_skipped", "relay_faults", "budget_bytes", "budget_period_s", "budget_left_bytes", "budget_resets_in_s")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +277,10 @@ class NodeStatus(_message.Message):
     RELAYED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     RELAY_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_LEFT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_RESETS_IN_S_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     device: str
@@ -303,7 +307,11 @@ class NodeStatus(_message.Message):
     relayed_bytes: int
     rounds_skipped: int
     relay_faults: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., train_loss: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_step: _Optional[int] = ..., eval_age_s: _Optional[float] = ..., member_counts: _Optional[_Mapping[str, int]] = ..., sessions: _Optional[int] = ..., relayed_bytes: _Optional[int] = ..., rounds_skipped: _Optional[int] = ..., relay_faults: _Optional[int] = ...) -> None: ...
+    budget_bytes: int
+    budget_period_s: float
+    budget_left_bytes: int
+    budget_resets_in_s: float
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., train_loss: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_step: _Optional[int] = ..., eval_age_s: _Optional[float] = ..., member_counts: _Optional[_Mapping[str, int]] = ..., sessions: _Optional[int] = ..., relayed_bytes: _Optional[int] = ..., rounds_skipped: _Optional[int] = ..., relay_faults: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., budget_period_s: _Optional[float] = ..., budget_left_bytes: _Optional[int] = ..., budget_resets_in_s: _Optional[float] = ...) -> None: ...
 
 class SessionFrame(_message.Message):
     __slots__ = ("call", "method", "message", "has_message", "end", "code", "details", "reason", "address", "nonce", "certificate", "signature", "origin_certificate", "origin_signature", "origin_seq", "via")

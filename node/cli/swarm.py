@@ -221,6 +221,9 @@ def node_argv(
         argv += ["--robust", "--byzantine-fraction", str(g.byzantine_fraction)]
     if g.max_upload_rate is not None:
         argv += ["--max-upload-rate", f"{g.max_upload_rate:.0f}"]
+    if g.byte_budget is not None:
+        nbytes, period_s = g.byte_budget
+        argv += ["--byte-budget", f"{nbytes}B/{period_s:g}s"]
     if g.attack is not None and index == cfg.nodes - 1:
         argv += ["--attack", g.attack]  # testing robustness: the last node is the attacker
     if cfg.alpha is not None:

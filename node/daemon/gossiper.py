@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import torch
 
+from gossip.budget import ByteBudget
 from gossip.clock import Clock
 from gossip.messages import Delta, SnapshotHeader
 from gossip.mixing import MixConfig, Mixer, Round
@@ -60,6 +61,8 @@ class Gossiper:
         the model, through valid deltas, and do not mix.
     outer: DiLoCo's outer step after each round (None: plain gossip).
     trigger: make a round only when it is worth its bytes (gossip/trigger.py); None: always.
+    budget: the byte budget (gossip/budget.py): heartbeats only while it is ahead of its
+        allowance. Needs ``trigger``.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class Gossiper:
         attack: str | None = None,
         outer: OuterNesterov | None = None,
         trigger: TriggerConfig | None = None,
+        budget: ByteBudget | None = None,
     ) -> None:
         self.node_id = node_id
         self.state = state
@@ -87,6 +91,7 @@ class Gossiper:
             MixConfig(gamma, silence_limit_s, robust, byzantine_fraction, attack, trigger),
             outer,
             torch.Generator(device=state.device).manual_seed(0),
+            budget,
         )
         #: The neighbours whose public copy this node holds, as the worker last published it
         #: (an immutable set, so the event loop may read it without touching the state).

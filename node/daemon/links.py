@@ -27,7 +27,7 @@ from gossip.link import Link, LinkConfig, LinkStats, SendDelta, SendSnapshot
 from gossip.messages import Delta, Member, SnapshotHeader
 from gossip.outbox import Outbox
 from node.daemon.aio import cancel_and_wait
-from node.daemon.pacing import UploadPacer
+from node.daemon.pacing import Outflow
 from node.runtime import Runtime
 from node.telemetry.events import Counters
 from node.transport import wire
@@ -58,7 +58,7 @@ class PeerLink:
     runtime: the clock the link's deadlines are read on (the loop's, which arms its timers)
         and the RNG its back-off's jitter is forked from.
     on_change: called whenever the link may have become busy or idle.
-    pacer: the node's upload cap, shared by its links (None: no cap).
+    outflow: the node's upload cap and byte budget, shared by its links (None: neither).
     """
 
     def __init__(
@@ -70,10 +70,10 @@ class PeerLink:
         counters: Counters,
         runtime: Runtime,
         on_change: Callable[[], None] = lambda: None,
-        pacer: UploadPacer | None = None,
+        outflow: Outflow | None = None,
     ) -> None:
         self.peer = peer
-        self._pacer = pacer
+        self._outflow = outflow
         self.transport = transport
         self.cfg = cfg
         self.counters = counters
@@ -196,8 +196,8 @@ class PeerLink:
         self.machine.snapshot_taken(epoch, header.seq, self._now())
         self._changed()
         nbytes = wire.snapshot_nbytes(header)
-        if self._pacer is not None:
-            await self._pacer.take(nbytes)
+        if self._outflow is not None:
+            await self._outflow.take(nbytes)
         timeout_s = transfer_timeout_s(self.cfg.call_timeout_s, nbytes)
         await self.transport.call_push_snapshot(self.peer.address, header, values, timeout_s)
         self.machine.snapshot_answered(epoch, self._now())
@@ -212,8 +212,8 @@ class PeerLink:
         assert self._stream is not None
         delta = command.delta
         nbytes = wire.delta_nbytes(delta)
-        if self._pacer is not None:
-            await self._pacer.take(nbytes)
+        if self._outflow is not None:
+            await self._outflow.take(nbytes)
         await self._stream.send(delta)
         self.stats.bytes_sent += nbytes
         self.counters.bytes_sent += nbytes

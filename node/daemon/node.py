@@ -39,17 +39,20 @@ from types import TracebackType
 
 import torch
 
+from gossip.budget import ByteBudget
 from gossip.codecs import get_codec
 from gossip.messages import TaskFingerprint
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState, UpdateGuard
 from node.config import NodeConfig
+from node.daemon.budget_keeper import BudgetKeeper
 from node.daemon.checkpoint import CHECKPOINT_FILE, Checkpoint
 from node.daemon.device import resolve_device
 from node.daemon.flat import FlatParams
 from node.daemon.gossiper import Gossiper
 from node.daemon.inbound import Inbound
 from node.daemon.joiner import Joiner
+from node.daemon.pacing import BUDGET_CHARGE
 from node.daemon.peers import JoinError, Peers
 from node.daemon.port import DaemonPort
 from node.daemon.reporting import EvalRecorder, serve_metrics
@@ -69,7 +72,7 @@ from node.daemon.statedir import (
 )
 from node.daemon.status_builder import StatusBuilder
 from node.daemon.trainer import EvalResult, Rollback, Trainer
-from node.runtime import Runtime
+from node.runtime import Runtime, WallClock
 from node.security.identity import Identity, load_or_create_identity
 from node.security.pki import load_tls
 from node.security.signing import (
@@ -157,6 +160,18 @@ class Node:
         )
         if resume is not None:
             self.state.public.copy_(resume.public)
+        budget_cfg = g.budget_config
+        #: The byte budget (None: none), on the wall clock: its periods are the calendar's.
+        self.budget = (
+            ByteBudget(budget_cfg, WallClock(), BUDGET_CHARGE) if budget_cfg is not None else None
+        )
+        self.budget_keeper = (
+            BudgetKeeper(self.budget, cfg.state_dir, runtime.sleep)
+            if self.budget is not None
+            else None
+        )
+        if self.budget_keeper is not None:
+            self.budget_keeper.load()
         self.gossiper = Gossiper(
             self.node_id,
             self.state,
@@ -170,6 +185,7 @@ class Node:
             attack=g.attack,
             outer=OuterNesterov(g.outer_lr, g.outer_momentum) if g.outer_lr else None,
             trigger=g.trigger_config,
+            budget=self.budget,
         )
         self.phase = Phase()
         self.signals = signals = Signals(self.node_id[:8])
@@ -214,6 +230,7 @@ class Node:
             signing=(record_signer(identity), public_key_der(identity), self.verifier),
             ca_pem=ca_pem,
             on_revocations=functools.partial(keep_revocations, revocations_path(cfg)),
+            budget=self.budget,
         )
         self.keeper = StateKeeper(
             cfg,
@@ -406,6 +423,8 @@ class Node:
         spawn = self.signals.spawn
         spawn(self._start_training(), "starter")
         spawn(self.keeper.checkpoint_periodically(), "checkpoints")
+        if self.budget_keeper is not None:
+            spawn(self.budget_keeper.run(), "budget")
         if self.peers.ca_pem is not None:
             spawn(self.keeper.watch_revocations(self.peers.adopt_revocations), "revocations")
 
@@ -450,6 +469,8 @@ class Node:
         await self.peers.stop()
         await self.transport.close(grace_s)
         await asyncio.to_thread(self.gossiper.close)
+        if self.budget_keeper is not None:
+            await asyncio.to_thread(self.budget_keeper.save)
         if self.ready:
             await self.keeper.write_final_state(3 * 4 * self.flat.numel, self.status_builder.build)
         if self.metrics is not None:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
 from typing import Any
 
+from gossip.budget import ByteBudget
 from gossip.membership import MemberView
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member, TaskFingerprint
 from gossip.refusals import REFUSALS
@@ -20,7 +21,7 @@ from node.daemon.gossiper import Gossiper
 from node.daemon.links import LinkConfig, PeerLink
 from node.daemon.membership import Membership
 from node.daemon.neighbourhood import Neighbourhood
-from node.daemon.pacing import UploadPacer
+from node.daemon.pacing import Outflow, UploadPacer
 from node.daemon.steps import run_on
 from node.runtime import Runtime
 from node.security.penalties import LogLimiter, RateConfig, RateLimiter, held_back
@@ -55,6 +56,7 @@ class Peers:
     on_view_change: called after the member view changed.
     on_links_change: called when a link may have become busy or idle.
     signing: sign this node's member records and drop records whose signature fails.
+    budget: the byte budget the links spend (gossip/budget.py; None: none).
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class Peers:
         signing: MemberSigning | None = None,
         ca_pem: bytes | None = None,
         on_revocations: Callable[[Revocations], None] = lambda r: None,
+        budget: ByteBudget | None = None,
     ) -> None:
         self.node_id = node_id
         self.fingerprint = fingerprint
@@ -118,12 +121,13 @@ class Peers:
         self.dialout = DialOut(transport, runtime, lambda: self.swim.address, self._relays_changed)
         #: Members that refused our call-back, to whom we said hello again through a session.
         self._hello_through_session: set[str] = set()
-        #: The upload cap, shared by every link (None: no cap).
-        self.pacer = (
+        #: The upload cap and the byte budget, shared by every link (None: neither).
+        pacer = (
             UploadPacer(cfg.max_upload_rate, clock, runtime.sleep)
             if cfg.max_upload_rate is not None
             else None
         )
+        self.outflow = Outflow(pacer, budget) if pacer or budget else None
         self._logged_neighbours: frozenset[str] | None = None  # the last set logged
         self._spawn = spawn
         self._on_view_change = on_view_change
@@ -414,7 +418,7 @@ class Peers:
             self.counters,
             self.runtime,
             on_change=self._on_links_change,
-            pacer=self.pacer,
+            outflow=self.outflow,
         )
         link.start()
         return link

@@ -70,14 +70,13 @@ class DaemonPort:
 
     @property
     def upload_chunk_values(self) -> int:
-        pacer = self._peers.pacer
-        return (
-            CHUNK_VALUES if pacer is None else max(1024, min(CHUNK_VALUES, pacer.chunk_bytes // 4))
-        )
+        outflow = self._peers.outflow
+        chunk = None if outflow is None else outflow.chunk_bytes
+        return CHUNK_VALUES if chunk is None else max(1024, min(CHUNK_VALUES, chunk // 4))
 
     async def pace_upload(self, nbytes: int) -> None:
-        if self._peers.pacer is not None:
-            await self._peers.pacer.take(nbytes)
+        if self._peers.outflow is not None:
+            await self._peers.outflow.take(nbytes)
 
     async def on_worker(self, steps: Steps[T]) -> T:
         return await run_on(steps, self._gossiper.run)

@@ -27,6 +27,7 @@ from gossip.messages import ParamSpec, TaskFingerprint
 from gossip.replicas import GossipState
 from gossip.swim import Swim
 from node.config import NodeConfig
+from node.daemon.budget_keeper import BUDGET_FILE
 from node.daemon.checkpoint import (
     CHECKPOINT_FILE,
     PREVIOUS_FILE,
@@ -335,7 +336,7 @@ def restore(cfg: NodeConfig, task: Task) -> tuple[Checkpoint | None, Path | None
     """The newest usable checkpoint in the state dir, after removing stale temporary files."""
     if not cfg.state_dir.is_dir():
         return None, None
-    for tmp in remove_stale_temp_files(cfg.state_dir, (CHECKPOINT_FILE, SUMMARY_FILE)):
+    for tmp in remove_stale_temp_files(cfg.state_dir, (CHECKPOINT_FILE, SUMMARY_FILE, BUDGET_FILE)):
         log.info("removed %s, left by a write that was interrupted", tmp)
     specs = tuple(
         ParamSpec(name, tuple(p.shape), str(p.dtype).removeprefix("torch."))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -94,7 +95,7 @@ class StatusBuilder:
         c = self.counters
         members, member_counts = summarise_members(self.peers.swim.records(), self.node_id)
         sessions, relayed = self.peers.transport.session_figures()
-        return NodeStatus(
+        status = NodeStatus(
             node_id=self.node_id,
             address=self.address,
             device=str(self.device),
@@ -122,4 +123,14 @@ class StatusBuilder:
             sessions=sessions,
             relayed_bytes=relayed,
             relay_faults=self.peers.dialout.faults,
+        )
+        budget = self.peers.outflow.budget if self.peers.outflow is not None else None
+        if budget is None:
+            return status
+        return dataclasses.replace(
+            status,
+            budget_bytes=budget.cfg.nbytes,
+            budget_period_s=budget.cfg.period_s,
+            budget_left_bytes=int(budget.remaining),
+            budget_resets_in_s=budget.resets_in,
         )

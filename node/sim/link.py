@@ -21,6 +21,7 @@ import math
 from functools import partial
 from typing import Protocol
 
+from gossip.budget import ByteBudget
 from gossip.link import Link, LinkConfig, LinkStats, SendDelta
 from gossip.messages import Delta, Member, SnapshotHeader
 from gossip.outbox import Outbox
@@ -56,6 +57,11 @@ class LinkOwner(Protocol):
 
     @property
     def counters(self) -> Counters: ...
+
+    @property
+    def budget(self) -> ByteBudget | None:
+        """What the link's sends spend (None: no budget)."""
+        ...
 
     def delta_nbytes(self, delta: Delta) -> tuple[int, int]: ...
 
@@ -162,6 +168,8 @@ class SimLink:
             self.stats.bytes_sent += nbytes
             self.owner.counters.bytes_sent += nbytes
             self.owner.counters.bytes_sent_fp32 += nbytes
+            if self.owner.budget is not None:
+                self.owner.budget.spend(nbytes)
         self.machine.snapshot_answered(epoch, self.owner.sim.events.now())
         self.pump()
         self.owner.check_ready()
@@ -174,6 +182,8 @@ class SimLink:
         counters = owner.counters
         counters.bytes_sent += nbytes
         counters.bytes_sent_fp32 += fp32_nbytes
+        if owner.budget is not None:
+            owner.budget.spend(nbytes)  # as the daemon's Outflow counts it
         src, dst = owner.address, self.peer.address
         stream = (owner.node_id, epoch)
 

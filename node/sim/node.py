@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from gossip.budget import ByteBudget
 from gossip.link import LinkConfig
 from gossip.membership import MemberView
 from gossip.messages import PROTOCOL_VERSION, Delta, Member, SnapshotHeader
@@ -32,6 +33,7 @@ from node.daemon.dialout import PROBE_EVERY_S, PROBE_MISSES, PROBE_TIMEOUT_S
 from node.daemon.flat import FlatParams
 from node.daemon.inbound import Inbound
 from node.daemon.neighbourhood import Neighbourhood
+from node.daemon.pacing import BUDGET_CHARGE
 from node.daemon.peers import LEAVE_FANOUT
 from node.daemon.steps import run_here
 from node.daemon.trainer import batches, train_step
@@ -110,7 +112,12 @@ class SimNode:
         mix = MixConfig(
             g.step_size, g.silence_limit_s, g.robust, g.byzantine_fraction, attack, g.trigger_config
         )
-        self.mixer = Mixer(self.state, mix, outer)
+        budget_cfg = g.budget_config
+        #: The byte budget (gossip/budget.py) on the simulation's clock; its links spend it.
+        self.budget = (
+            ByteBudget(budget_cfg, sim.clock, BUDGET_CHARGE) if budget_cfg is not None else None
+        )
+        self.mixer = Mixer(self.state, mix, outer, budget=self.budget)
         self.link_cfg = LinkConfig(queue=g.link_queue, call_timeout_s=g.call_timeout_s)
         self.neighbourhood: Neighbourhood[SimLink] = Neighbourhood(
             self.view,

@@ -130,6 +130,28 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
             s.sessions,
         )
     )
+    if s.budget_bytes:  # only on a node with --byte-budget
+        out.append(
+            _gauge(
+                "murmur_byte_budget_bytes",
+                "Bytes the node may send per period of its byte budget (--byte-budget).",
+                s.budget_bytes,
+            )
+        )
+        out.append(
+            _gauge(
+                "murmur_byte_budget_remaining_bytes",
+                "Bytes left of this period's budget (0: spent, heartbeats only).",
+                s.budget_left_bytes,
+            )
+        )
+        out.append(
+            _gauge(
+                "murmur_byte_budget_reset_seconds",
+                "Seconds until the byte budget's period turns and the budget is whole again.",
+                s.budget_resets_in_s,
+            )
+        )
     train_doc = "Training loss, smoothed over about the last ten steps (NaN before the first)."
     out.append(_gauge("murmur_train_loss", train_doc, s.train_loss))
     # The old name of the same figure, kept for dashboards that use it.

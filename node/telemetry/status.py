@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gossip.swim import MemberRecord, Status
-from node.telemetry.progress import fmt_size
+from node.telemetry.progress import fmt_duration, fmt_size
 
 __all__ = [
     "MAX_STATUS_MEMBERS",
@@ -85,6 +85,12 @@ class NodeStatus:
     #: Behind NAT: the times a relay of this node was found to drop, hold back, alter or replay
     #: what it passed on (node/daemon/dialout.py).
     relay_faults: int = 0
+    #: The byte budget (``--byte-budget``): bytes per period (0: no budget), the period in
+    #: seconds, what is left of this period's, and seconds until the period turns.
+    budget_bytes: int = 0
+    budget_period_s: float = 0.0
+    budget_left_bytes: int = 0
+    budget_resets_in_s: float = 0.0
 
     @property
     def live_members(self) -> int:
@@ -120,6 +126,12 @@ def finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [finite(v) for v in value]
     return value
+
+
+def period_name(seconds: float) -> str:
+    """A budget's period as users say it: ``day``, ``week``, ``hour``, else ``6h00m``."""
+    names = {60.0: "minute", 3600.0: "hour", 86400.0: "day", 604800.0: "week"}
+    return names.get(seconds, fmt_duration(seconds))
 
 
 def status_to_json(status: NodeStatus) -> str:
@@ -161,6 +173,13 @@ def format_status(s: NodeStatus) -> str:
         lines.append(
             f"  sessions held for nodes behind NAT {s.sessions}  "
             f"relayed {fmt_size(s.relayed_bytes)}"
+        )
+    if s.budget_bytes:
+        lines.append(
+            f"  byte budget {fmt_size(s.budget_left_bytes)} left of {fmt_size(s.budget_bytes)} "
+            f"per {period_name(s.budget_period_s)}, whole again in "
+            f"{fmt_duration(s.budget_resets_in_s)}"
+            + ("  (spent: heartbeats only)" if s.budget_left_bytes == 0 else "")
         )
     if s.relay_faults:
         lines.append(f"  relays found misbehaving {s.relay_faults} (named no more)")

@@ -171,6 +171,13 @@ def add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         help=flag_help("gossip.max_upload_rate"),
     )
     p.add_argument(
+        "--byte-budget",
+        dest="gossip.byte_budget",
+        metavar="BYTES/PERIOD",
+        default=d,
+        help=flag_help("gossip.byte_budget"),
+    )
+    p.add_argument(
         "--outer-lr",
         dest="gossip.outer_lr",
         metavar="LR",

@@ -1,0 +1,171 @@
+"""The byte budget of a daemon (``--byte-budget``): a training node on real in-memory links
+spends what its budget allows per period and no more, makes heartbeats only while ahead, says
+what is left (status, ``murmur status``, the scrape), keeps the period's spending across a
+restart; the settings read ``BYTES/PERIOD`` with its units; the simulator runs budgets too."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from gossip.budget import LEAD
+from node.cli.swarm import SwarmConfig, node_argv
+from node.config import GossipConfig
+from node.daemon.budget_keeper import BUDGET_FILE
+from node.daemon.node import Node
+from node.daemon.pacing import BUDGET_CHARGE
+from node.settings_sources import SettingsError, load_settings
+from node.sim import SimConfig, Simulation
+from node.telemetry.metrics import status_metrics
+from node.telemetry.status import format_status
+from node.transport.memory import MemoryNetwork, MemoryTransport
+from tests.node.helpers import config, memory_swarm
+
+TIMEOUT_S = 60.0
+PERIOD_S = 4.0
+NBYTES = 60_000  # 15 kB/s: a digits node unbudgeted sends a hundred times that
+
+
+async def test_a_node_spends_its_budget_per_period_and_no_more(tmp_path: Path) -> None:
+    settings = {"trainer.steps": 10**6, "gossip.byte_budget": (NBYTES, PERIOD_S)}
+    async with memory_swarm(tmp_path, 2, settings) as nodes:
+        node = nodes[0]
+        budget = node.budget
+        assert budget is not None
+        # The second turn ends the first whole period the node trained through.
+        await node.wait_until(lambda: budget.turns >= 2, TIMEOUT_S)
+        spent_in_a_period = budget.last_spent
+        status = await node.status()
+        delta_nbytes = node.counters.bytes_sent / max(1, node.counters.rounds)
+        metrics = {m.name: m.samples[0].value for m in status_metrics(status) if m.samples}
+        held = node.gossiper.mixer.trigger.stats.held if node.gossiper.mixer.trigger else 0
+    # Never more than the budget, but for one round made just under it (a delta, or a
+    # snapshot when a link resyncs): and the node uses what it has, it does not starve.
+    one_round = 4 * node.flat.numel * BUDGET_CHARGE
+    assert spent_in_a_period <= NBYTES + one_round, (spent_in_a_period, delta_nbytes)
+    assert spent_in_a_period >= NBYTES * (1 - LEAD) - one_round
+    assert held > 0  # rounds training asked for and the budget held back
+    assert status.budget_bytes == NBYTES
+    assert status.budget_period_s == PERIOD_S
+    assert 0 <= status.budget_left_bytes <= NBYTES
+    assert 0 < status.budget_resets_in_s <= PERIOD_S
+    assert "byte budget" in format_status(status)
+    assert metrics["murmur_byte_budget_bytes"] == NBYTES
+    assert metrics["murmur_byte_budget_remaining_bytes"] == status.budget_left_bytes
+    assert 0 < metrics["murmur_byte_budget_reset_seconds"] <= PERIOD_S
+
+
+async def test_a_restarted_node_keeps_the_period_s_spending(tmp_path: Path) -> None:
+    settings = {"trainer.steps": 300, "gossip.byte_budget": (10**9, 86_400.0)}
+    network = MemoryNetwork()
+    async with memory_swarm(tmp_path, 2, settings, network) as nodes:
+        node = nodes[0]
+        await node.wait_until(node.training_finished.is_set, TIMEOUT_S)
+        first = node
+    assert first.budget is not None
+    spent = first.budget.spent
+    assert spent > 0
+    saved = json.loads((tmp_path / "node-0" / BUDGET_FILE).read_text())
+    assert saved["spent"] == spent  # written at the stop
+    cfg = config(tmp_path / "node-0", listen="mem:0", **settings)
+    again = await Node.create(cfg, transport=MemoryTransport(network))
+    try:
+        assert again.budget is not None
+        assert again.budget.spent == spent
+        assert (await again.status()).budget_left_bytes == int(10**9 - spent)
+    finally:
+        await again.stop(grace_s=0)
+
+
+async def test_a_node_without_a_budget_says_nothing_of_one(tmp_path: Path) -> None:
+    async with memory_swarm(tmp_path, 1, {"trainer.steps": 1}) as nodes:
+        status = await nodes[0].status()
+    assert nodes[0].budget is None
+    assert status.budget_bytes == 0
+    assert "byte budget" not in format_status(status)
+    assert "murmur_byte_budget_bytes" not in {m.name for m in status_metrics(status)}
+    assert not (tmp_path / "node-0" / BUDGET_FILE).exists()
+
+
+@pytest.mark.parametrize(
+    ("written", "parsed"),
+    [
+        ("500MB/day", (500_000_000, 86_400.0)),
+        ("2GiB/week", (2 * 2**30, 604_800.0)),
+        ("50MB/6h", (50_000_000, 21_600.0)),
+        ("1kB/30s", (1_000, 30.0)),
+        ("10MB/2.5hours", (10_000_000, 9_000.0)),
+    ],
+)
+def test_a_budget_is_read_as_bytes_per_period(written: str, parsed: tuple[int, float]) -> None:
+    flags = load_settings(environ={}, flags={"gossip.byte_budget": written})
+    assert flags.gossip.byte_budget == parsed
+    env = load_settings(environ={"MURMUR_BYTE_BUDGET": written})
+    assert env.gossip.byte_budget == parsed
+    assert load_settings(environ={}).gossip.byte_budget is None  # no budget unless asked
+
+
+def test_a_budget_from_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text('[gossip]\nbyte-budget = "300MB/day"\n')
+    assert load_settings(path, environ={}).gossip.byte_budget == (300_000_000, 86_400.0)
+
+
+@pytest.mark.parametrize(
+    ("written", "says"),
+    [
+        ("500MB", "BYTES/PERIOD"),
+        ("500MB/fortnight", "unknown period"),
+        ("lots/day", "is not a size"),
+        ("0B/day", "positive"),
+        ("5MB/0h", "positive"),
+    ],
+)
+def test_a_budget_that_cannot_be_read_is_refused_by_its_flag(written: str, says: str) -> None:
+    with pytest.raises(SettingsError, match="--byte-budget") as err:
+        load_settings(
+            environ={},
+            flags={"gossip.byte_budget": written},
+            flag_labels={"gossip.byte_budget": "--byte-budget"},
+        )
+    assert says in str(err.value)
+
+
+def test_a_budget_without_the_trigger_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs the trigger"):
+        GossipConfig(byte_budget=(1000, 60.0), trigger=False)
+
+
+def test_murmur_swarm_hands_the_budget_to_its_nodes() -> None:
+    gossip = GossipConfig(byte_budget=(500_000_000, 86_400.0))
+    argv = node_argv(SwarmConfig(gossip=gossip), 1, Path("state"), None)
+    written = argv[argv.index("--byte-budget") + 1]
+    assert load_settings(environ={}, flags={"gossip.byte_budget": written}).gossip.byte_budget == (
+        500_000_000,
+        86_400.0,
+    )
+
+
+def test_the_simulator_spends_a_budget_as_the_daemon_does() -> None:
+    base = SimConfig(nodes=4, duration_s=6.0, eval_every_s=3.0, gossip=GossipConfig(codec="int8"))
+    free = Simulation(base)
+    free.run()
+    per_node = 20_000
+    capped_cfg = dataclasses.replace(
+        base, gossip=dataclasses.replace(base.gossip, byte_budget=(per_node, 3.0))
+    )
+    capped = Simulation(capped_cfg)
+    capped.run()
+    for node in capped.nodes.values():
+        assert node.budget is not None
+        assert node.budget.turns >= 1  # 6 s of 3 s periods (a turn is seen at the next call)
+    free_bytes = sum(n.counters.bytes_sent for n in free.nodes.values())
+    capped_bytes = sum(n.counters.bytes_sent for n in capped.nodes.values())
+    # Two periods' budgets, and per node one snapshot (the first contact) and a round over.
+    model = 4 * 330
+    most = len(capped.nodes) * (2 * per_node / BUDGET_CHARGE + 3 * 2 * model)
+    assert capped_bytes <= most, (capped_bytes, most)
+    assert capped_bytes < free_bytes / 3, (capped_bytes, free_bytes)
