@@ -283,10 +283,12 @@ class Mixer:
             )
         reason = "always"
         if self.trigger is not None:
-            # What the round would send: a delta to every neighbour (the wire adds a few bytes
-            # of header, and the budget its charge).
-            upcoming = state.codec.encoded_nbytes(state.public.numel()) * len(neighbours)
-            hold = self.budget is not None and self.budget.ahead(upcoming)
+            hold = False
+            if self.budget is not None:
+                # What the round would send: a delta to every neighbour (the wire adds a few
+                # bytes of header, and the budget its charge).
+                upcoming = state.codec.encoded_nbytes(state.public.numel()) * len(neighbours)
+                hold = self.budget.ahead(upcoming)
             found = self.trigger.decide(
                 current, state, self._mix_weights(neighbours), cfg.gamma, hold
             )

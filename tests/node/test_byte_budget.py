@@ -20,6 +20,7 @@ from node.daemon.pacing import BUDGET_CHARGE
 from node.settings_sources import SettingsError, load_settings
 from node.sim import SimConfig, Simulation
 from node.telemetry.metrics import status_metrics
+from node.telemetry.mqtt_messages import status_payload
 from node.telemetry.status import format_status
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import config, memory_swarm
@@ -53,6 +54,8 @@ async def test_a_node_spends_its_budget_per_period_and_no_more(tmp_path: Path) -
     assert 0 <= status.budget_left_bytes <= NBYTES
     assert 0 < status.budget_resets_in_s <= PERIOD_S
     assert "byte budget" in format_status(status)
+    published = json.loads(status_payload(status, online=True, now=0.0, interval_s=5.0))
+    assert published["budget_left_bytes"] == status.budget_left_bytes  # what MQTT carries
     assert metrics["murmur_byte_budget_bytes"] == NBYTES
     assert metrics["murmur_byte_budget_remaining_bytes"] == status.budget_left_bytes
     assert 0 < metrics["murmur_byte_budget_reset_seconds"] <= PERIOD_S
