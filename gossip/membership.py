@@ -17,7 +17,8 @@ class MemberView:
     """Live (alive or suspect) members of ``swim``, itself included, keyed by node id.
 
     Suspects stay in the view: a suspicion is often refuted, and re-deriving the topology for
-    every one would make the links churn. Dead and departed members leave it.
+    every one would make the links churn. Dead and departed members leave it. Paused members
+    stay in it too, but out of the topology: the graph is over the members that gossip.
     """
 
     def __init__(self, swim: Swim) -> None:
@@ -42,7 +43,7 @@ class MemberView:
         return tuple(Member(r.node_id, r.address) for r in self.swim.live_members())
 
     def graph(self, kind: str, *, degree: int = 4, seed: int = 0) -> Graph:
-        records = self.swim.live_members()
+        records = [r for r in self.swim.live_members() if not r.paused]
         graph = build(kind, [r.node_id for r in records], degree=degree, seed=seed)
         return reachable_graph(graph, frozenset(r.node_id for r in records if not r.reachable))
 
@@ -50,6 +51,11 @@ class MemberView:
     def unreachable(self) -> frozenset[NodeId]:
         """Live members that nobody can dial (their records name relays)."""
         return frozenset(r.node_id for r in self.swim.live_members() if not r.reachable)
+
+    @property
+    def paused(self) -> frozenset[NodeId]:
+        """Live members that are paused: members still, out of the topology."""
+        return frozenset(r.node_id for r in self.swim.live_members() if r.paused)
 
     def neighbours(self, kind: str, *, degree: int = 4, seed: int = 0) -> dict[NodeId, Member]:
         """This member's neighbours in the graph ``kind`` over the live members, by id.
@@ -59,7 +65,11 @@ class MemberView:
         by a member that does not count the sender as its neighbour yet) covers the time their
         views differ.
         """
-        records = self.swim.live_members()  # one snapshot of the view
+        # One snapshot of the view. A paused member is in no one's graph, its own included:
+        # its neighbours' weights renormalise over the others, and it has none.
+        records = [r for r in self.swim.live_members() if not r.paused]
+        if self.swim.paused:
+            return {}
         members = {r.node_id: Member(r.node_id, r.address) for r in records}
         graph = build(kind, members, degree=degree, seed=seed)
         # Only edges with one end others can dial: the other end opens the connection.

@@ -106,6 +106,8 @@ class Swim(FailureDetector):
     check_signature: Callable[[bytes, bytes, bytes], bool] | None = None
     #: Members that forward for this one when nobody can dial it (see MemberRecord.relays).
     relays: tuple[str, ...] = ()
+    #: Paused: out of the topology, still a member (see MemberRecord.paused).
+    paused: bool = False
 
     def __post_init__(self) -> None:
         self._init_table()
@@ -126,7 +128,12 @@ class Swim(FailureDetector):
     def me(self) -> MemberRecord:
         status = Status.LEFT if self.leaving else Status.ALIVE
         record = MemberRecord(
-            self.node_id, self.address, self.incarnation, status, relays=self.relays
+            self.node_id,
+            self.address,
+            self.incarnation,
+            status,
+            relays=self.relays,
+            paused=self.paused,
         )
         if self.sign is None:
             return record
@@ -147,6 +154,15 @@ class Swim(FailureDetector):
         if relays == self.relays:
             return False
         self.relays = relays
+        self.incarnation += 1
+        return True
+
+    def set_paused(self, paused: bool) -> bool:
+        """Say that this member is paused (or no longer), at a new incarnation, as
+        :meth:`set_relays` does. Returns whether anything changed."""
+        if paused == self.paused:
+            return False
+        self.paused = paused
         self.incarnation += 1
         return True
 

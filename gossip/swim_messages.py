@@ -62,6 +62,9 @@ class MemberRecord:
     #: hold a dial-out session from this member (it cannot be dialled) and forward for it.
     #: Its own claim, so signed with the address.
     relays: tuple[str, ...] = ()
+    #: The member is paused (its device's policy or its owner said so): still a member, which
+    #: answers probes, but out of everyone's topology until it resumes. Its own claim.
+    paused: bool = False
 
     @property
     def reachable(self) -> bool:
@@ -78,6 +81,8 @@ class MemberRecord:
         claim = f"murmur-member|{self.node_id}|{self.address}|{self.incarnation}|{what}"
         if self.relays:  # a reachable member signs what it always signed
             claim += "|via=" + ",".join(self.relays)
+        if self.paused:  # a member that never pauses signs what it always signed
+            claim += "|paused"
         return claim.encode()
 
     def accusation(self) -> bytes:

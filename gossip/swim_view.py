@@ -112,7 +112,7 @@ class MemberTable:
         self._dissemination.clear()
 
     def drain_changes(self) -> list[MemberRecord]:
-        """Records whose status, address or relays changed since the last call (the node
+        """Records whose status, address, relays or pause changed since the last call (the node
         reacts)."""
         changes, self._changes = self._changes, []
         return changes
@@ -194,6 +194,7 @@ class MemberTable:
             or previous.status != record.status
             or previous.address != record.address
             or previous.relays != record.relays
+            or previous.paused != record.paused
         ):
             self._changes.append(record)
 

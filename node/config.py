@@ -16,6 +16,7 @@ from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
 from gossip.trigger import TriggerConfig
 from node.daemon.pacing import MIN_UPLOAD_RATE
+from node.daemon.power import SYSFS_ROOT, PausePolicy
 from node.daemon.trainer import TrainerConfig
 from node.settings import FLAG_KEYS, RunSettings
 from node.settings_sources import load_settings
@@ -27,6 +28,7 @@ __all__ = [
     "SPARSE_GAMMA_PER_SHARE",
     "GossipConfig",
     "NodeConfig",
+    "PowerConfig",
     "gossip_config",
     "node_config",
 ]
@@ -48,6 +50,47 @@ DEFAULT_GAMMA = {
     "sign": 0.1,
     **{name: m * round(DEFAULT_FRACTION * 256) / 256 for name, m in SPARSE_GAMMA_PER_SHARE.items()},
 }
+
+
+@dataclass(frozen=True)
+class PowerConfig:
+    """When the device's state pauses the node (node/daemon/power.py, node/daemon/pause.py).
+
+    Args:
+        pause_on_battery_below: pause while on battery below this charge in percent (it
+            resumes :data:`~node.daemon.power.BATTERY_HYSTERESIS_PCT` points above, or on AC).
+        pause_above_temp: pause while the hottest thermal zone is above this, in °C (it
+            resumes :data:`~node.daemon.power.THERMAL_HYSTERESIS_C` below).
+        only_on_ac: pause while the device runs on battery.
+        active_hours: train only inside this window of local time, (start, end) in minutes
+            after midnight; it may wrap past midnight.
+        sysfs_root: where ``class/power_supply`` and ``class/thermal`` are read.
+        poll_interval_s: seconds between two readings.
+    """
+
+    pause_on_battery_below: float | None = None
+    pause_above_temp: float | None = None
+    only_on_ac: bool = False
+    active_hours: tuple[int, int] | None = None
+    sysfs_root: Path = SYSFS_ROOT
+    poll_interval_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.pause_on_battery_below is not None and not 0 < self.pause_on_battery_below <= 100:
+            raise ValueError("pause_on_battery_below is a percentage, above 0 and at most 100")
+        if self.poll_interval_s <= 0:
+            raise ValueError("poll_interval_s must be positive")
+        if self.active_hours is not None and not all(0 <= m <= 24 * 60 for m in self.active_hours):
+            raise ValueError(f"active_hours {self.active_hours} are not minutes of a day")
+
+    @property
+    def policy(self) -> PausePolicy:
+        return PausePolicy(
+            battery_below=self.pause_on_battery_below,
+            above_temp=self.pause_above_temp,
+            only_on_ac=self.only_on_ac,
+            active_hours=self.active_hours,
+        )
 
 
 @dataclass(frozen=True)
@@ -212,6 +255,7 @@ class NodeConfig:
         summary_interval_s: seconds between two summary lines in the log (step, rates, mix,
             last evaluation); 0 turns them off.
         membership: the SWIM protocol's settings (``[membership]`` in a config file).
+        power: when the device's state pauses the node (``[power]``).
     """
 
     listen: str = "127.0.0.1:7070"
@@ -244,6 +288,7 @@ class NodeConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     gossip: GossipConfig = field(default_factory=GossipConfig)
     membership: SwimConfig = field(default_factory=SwimConfig)
+    power: PowerConfig = field(default_factory=PowerConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.shard_index < self.shard_count:
@@ -284,12 +329,13 @@ def _check_address(address: str) -> None:
 def node_config(settings: RunSettings) -> NodeConfig:
     """The frozen configs of a node from its validated settings (:mod:`node.settings`)."""
     values = settings.model_dump()
-    sections = {name: values.pop(name) for name in ("trainer", "gossip", "membership")}
+    sections = {name: values.pop(name) for name in ("trainer", "gossip", "membership", "power")}
     return NodeConfig(
         **values,
         trainer=TrainerConfig(**sections["trainer"]),
         gossip=GossipConfig(**sections["gossip"]),
         membership=SwimConfig(**sections["membership"]),
+        power=PowerConfig(**sections["power"]),
     )
 
 

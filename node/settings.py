@@ -275,6 +275,36 @@ class GossipSettings(_Schema):
     )  # for metered links; membership is outside it
 
 
+def _hours(value: object) -> object:
+    from node.daemon.power import parse_hours  # light: no torch
+
+    return parse_hours(value) if isinstance(value, str) else value
+
+
+#: A daily window of local time, ``22:00-06:00``, as minutes after midnight (start, end).
+ActiveHours = Annotated[tuple[int, int], BeforeValidator(_hours)]
+Percent = Annotated[float, Field(gt=0, le=100)]
+
+
+class PowerSettings(_Schema):
+    """``[power]``: :class:`node.config.PowerConfig`, when the device's state pauses the node."""
+
+    pause_on_battery_below: Percent | None = Field(
+        None, description="pause while on battery below this charge, in percent (none: never)"
+    )  # resumes 5 points above it, or on AC
+    pause_above_temp: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="pause while the hottest thermal zone is above this, in °C (none: never)"
+    )  # resumes 5 °C below it
+    only_on_ac: bool = Field(False, description="pause while the device runs on battery")
+    active_hours: ActiveHours | None = Field(
+        None, description="train only in these hours of local time, 22:00-06:00 (none: always)"
+    )
+    sysfs_root: PathSetting = Field(
+        Path("/sys"), description="where power_supply and thermal are read (tests: a fake tree)"
+    )
+    poll_interval_s: Positive = Field(5.0, description="seconds between readings of the device")
+
+
 class MembershipSettings(_Schema):
     """``[membership]``: :class:`gossip.swim.SwimConfig` (gossip/ stays free of pydantic)."""
 
@@ -384,12 +414,14 @@ class RunSettings(_Schema):
     trainer: TrainerSettings = TrainerSettings()
     gossip: GossipSettings = GossipSettings()
     membership: MembershipSettings = MembershipSettings()
+    power: PowerSettings = PowerSettings()
 
 
 SECTIONS: dict[str, type[_Schema]] = {
     "trainer": TrainerSettings,
     "gossip": GossipSettings,
     "membership": MembershipSettings,
+    "power": PowerSettings,
 }
 
 #: Flag names (without ``--``) whose key is not simply the flag with underscores; a config file
@@ -422,6 +454,12 @@ FLAG_KEYS: dict[str, str] = {
     "robust": "gossip.robust",
     "byzantine-fraction": "gossip.byzantine_fraction",
     "attack": "gossip.attack",
+    "pause-on-battery-below": "power.pause_on_battery_below",
+    "pause-above-temp": "power.pause_above_temp",
+    "only-on-ac": "power.only_on_ac",
+    "active-hours": "power.active_hours",
+    "sysfs-root": "power.sysfs_root",
+    "power-poll-interval": "power.poll_interval_s",
 }
 
 

@@ -79,6 +79,11 @@ class MurmurStub:
                 request_serializer=protos_dot_murmur__pb2.ForwardRequest.SerializeToString,
                 response_deserializer=protos_dot_murmur__pb2.SessionFrame.FromString,
                 _registered_method=True)
+        self.Control = channel.unary_unary(
+                '/murmur.v1.Murmur/Control',
+                request_serializer=protos_dot_murmur__pb2.ControlRequest.SerializeToString,
+                response_deserializer=protos_dot_murmur__pb2.ControlReply.FromString,
+                _registered_method=True)
 
 
 class MurmurServicer:
@@ -146,6 +151,13 @@ class MurmurServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Control(self, request, context):
+        """Pause or resume this node by hand (its owner or an admin only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MurmurServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -193,6 +205,11 @@ def add_MurmurServicer_to_server(servicer, server):
                     servicer.Forward,
                     request_deserializer=protos_dot_murmur__pb2.ForwardRequest.FromString,
                     response_serializer=protos_dot_murmur__pb2.SessionFrame.SerializeToString,
+            ),
+            'Control': grpc.unary_unary_rpc_method_handler(
+                    servicer.Control,
+                    request_deserializer=protos_dot_murmur__pb2.ControlRequest.FromString,
+                    response_serializer=protos_dot_murmur__pb2.ControlReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -438,6 +455,33 @@ class Murmur:
             '/murmur.v1.Murmur/Forward',
             protos_dot_murmur__pb2.ForwardRequest.SerializeToString,
             protos_dot_murmur__pb2.SessionFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Control(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/murmur.v1.Murmur/Control',
+            protos_dot_murmur__pb2.ControlRequest.SerializeToString,
+            protos_dot_murmur__pb2.ControlReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from node.cli.commands import ca, monitor, report, run, simulate, status, swarm
+from node.cli.commands import ca, ctl, monitor, report, run, simulate, status, swarm
 from node.cli.commands.shared import HelpFormatter, common_options
 from node.telemetry.logs import quiet_grpc, setup_logging
 
@@ -34,6 +34,7 @@ COMMANDS = (
     swarm.add_parser,
     simulate.add_parser,
     status.add_parser,
+    ctl.add_parser,
     report.add_parser,
     monitor.add_parser,
     ca.add_parser,

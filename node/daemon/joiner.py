@@ -204,8 +204,9 @@ class Joiner:
         g = self.cfg.gossip
         view = self.peers.view
         ids = view.neighbours(g.topology, degree=g.degree, seed=g.seed)
-        # Members nobody can dial serve pulls only down sessions, which a joiner does not hold.
-        unreachable = view.unreachable
+        # Members nobody can dial serve pulls only down sessions, which a joiner does not hold;
+        # a paused member's model is as old as its pause.
+        unreachable = view.unreachable | view.paused
         neighbours = [m.address for m in map(view.get, ids) if m and m.node_id not in unreachable]
         others = [
             m.address

@@ -53,6 +53,7 @@ from node.daemon.gossiper import Gossiper
 from node.daemon.inbound import Inbound
 from node.daemon.joiner import Joiner
 from node.daemon.pacing import BUDGET_CHARGE
+from node.daemon.pause import Pauser
 from node.daemon.peers import JoinError, Peers
 from node.daemon.port import DaemonPort
 from node.daemon.reporting import EvalRecorder, serve_metrics
@@ -91,9 +92,14 @@ from node.telemetry.status import NodeStatus
 from node.transport.base import Transport
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
-__all__ = ["METRICS_FILE", "SUMMARY_FILE", "JoinError", "Node"]
+__all__ = ["METRICS_FILE", "PULL_AFTER_PAUSE_S", "SUMMARY_FILE", "JoinError", "Node"]
 
 log = logging.getLogger(__name__)
+
+#: A pause at least this long ends with a pull of the swarm's model, as a joiner's start does:
+#: the swarm has moved on, and mixing back from that far would take many rounds and pull the
+#: neighbours back meanwhile. A shorter one only resyncs its links.
+PULL_AFTER_PAUSE_S = 10.0
 
 
 def _advertised(bound: str) -> str:
@@ -288,8 +294,13 @@ class Node:
             self.trainer,
             signals,
             self.status,
+            lambda action: self.control(action),
         )
         self.service = NodeService(port, inbound)
+        p = cfg.power
+        #: When the node is paused: its device's policy and the hand (node/daemon/pause.py).
+        self.pauser = Pauser(p.policy, p.sysfs_root, p.poll_interval_s, runtime, self._paused)
+        self.status_builder.pauser = self.pauser
         self.address = ""
         self.metrics: MetricsLog | None = None
         self.metrics_server: MetricsServer | None = None
@@ -425,6 +436,8 @@ class Node:
         spawn(self.keeper.checkpoint_periodically(), "checkpoints")
         if self.budget_keeper is not None:
             spawn(self.budget_keeper.run(), "budget")
+        if self.pauser.policy.active:
+            spawn(self.pauser.run(), "power")
         if self.peers.ca_pem is not None:
             spawn(self.keeper.watch_revocations(self.peers.adopt_revocations), "revocations")
 
@@ -522,6 +535,51 @@ class Node:
             interval_s = self.cfg.gossip.idle_round_interval_s
             if interval_s is not None:  # None: no rounds once training is over
                 self.signals.spawn(self.rounds.idle_gossip(interval_s), "idle-gossip")
+
+    # -- pausing ------------------------------------------------------------------------------
+
+    async def control(self, action: str) -> tuple[bool, str]:
+        """``pause`` or ``resume`` by hand, or ``query``; returns whether the node is paused
+        now, and why. A resume by hand ends only a pause by hand."""
+        if action in ("pause", "resume") and not self.closing:
+            await self.pauser.by_hand(action == "pause")
+        return self.pauser.paused, self.pauser.reason
+
+    async def _paused(self, paused: bool, lasted_s: float) -> None:
+        """Event loop: the pauser says the node pauses (or resumes after ``lasted_s``).
+
+        Paused, the node takes no steps and makes no rounds; its record says it is paused, so
+        every member's topology leaves it out (it keeps no links) while it still answers SWIM.
+        On resume after a long pause it first pulls the swarm's model (from members that are
+        not paused), then comes back into the topology, then trains.
+        """
+        if self.closing:
+            return
+        if paused:
+            self.trainer.pause()
+            await self.peers.set_paused(True)
+        else:
+            if lasted_s >= PULL_AFTER_PAUSE_S:
+                helper = self._catch_up_helper()
+                if helper is not None:
+                    await self.joiner.pull_model(helper)
+            await self.peers.set_paused(False)
+            self.trainer.resume()
+        if self.metrics is not None:
+            self.metrics.write(
+                "pause" if paused else "resume",
+                reason=self.pauser.reason,
+                step=self.trainer.step,
+                paused_s=lasted_s,
+            )
+        self.notify_change()
+
+    def _catch_up_helper(self) -> str | None:
+        """A member to pull the model from after a pause: live, dialable, not paused."""
+        view = self.peers.view
+        skip = view.unreachable | view.paused | {self.node_id}
+        found = [m.address for m in view.members if m.node_id not in skip]
+        return self.runtime.rng.choice(found) if found else None
 
     # -- status and state ---------------------------------------------------------------------
 

@@ -161,6 +161,18 @@ class Peers:
         """Tell the neighbours first, then a few others, that this node leaves."""
         await self.membership.leave(list(self.links), LEAVE_FANOUT)
 
+    async def set_paused(self, paused: bool) -> None:
+        """Pause (or resume) this node's part in the topology: its record says so at a new
+        incarnation, the neighbours hear it at once (a ping carries it) and everyone else as
+        SWIM spreads it; every member's graph then leaves it out (or takes it back), so its
+        neighbours' weights renormalise over the others. Membership goes on either way."""
+        if not self.swim.set_paused(paused):
+            return
+        told = [m.address for m in map(self.view.get, self.neighbourhood.neighbours) if m]
+        self.membership.send([self.swim.ping(address) for address in told])
+        self.membership.poke()
+        await self.update_topology()
+
     async def stop(self) -> None:
         await self.dialout.stop()
         await self.membership.stop()

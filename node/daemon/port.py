@@ -32,6 +32,7 @@ class DaemonPort:
     trainer: the step the served model is at.
     signals: told when an inbound message changed the state.
     status: the node's status.
+    control: pauses, resumes or queries the node (``murmur ctl``).
     """
 
     def __init__(
@@ -43,6 +44,7 @@ class DaemonPort:
         trainer: Trainer,
         signals: Signals,
         status: Callable[[], Awaitable[NodeStatus]],
+        control: Callable[[str], Awaitable[tuple[bool, str]]],
     ) -> None:
         self.node_id = node_id
         self.fingerprint = fingerprint
@@ -51,6 +53,7 @@ class DaemonPort:
         self._trainer = trainer
         self._signals = signals
         self._status = status
+        self._control = control
 
     def is_revoked(self, node_id: str) -> bool:
         return node_id in self._peers.revocations.node_ids
@@ -86,3 +89,6 @@ class DaemonPort:
 
     async def status(self) -> NodeStatus:
         return await self._status()
+
+    async def control(self, action: str) -> tuple[bool, str]:
+        return await self._control(action)

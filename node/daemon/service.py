@@ -23,7 +23,7 @@ from node.daemon.steps import Steps
 from node.security.penalties import Penalties, RateLimiter
 from node.telemetry.status import NodeStatus
 from node.transport import wire
-from node.transport.base import Rejected, SnapshotChunk, iter_chunks
+from node.transport.base import ControlCaller, Rejected, SnapshotChunk, iter_chunks
 
 __all__ = ["NodeService", "ServicePort"]
 
@@ -76,6 +76,10 @@ class ServicePort(Protocol):
         ...
 
     async def status(self) -> NodeStatus: ...
+
+    async def control(self, action: str) -> tuple[bool, str]:
+        """Pause, resume or query; whether the node is paused now, and why."""
+        ...
 
 
 class NodeService:
@@ -195,3 +199,20 @@ class NodeService:
 
     async def rpc_status(self) -> NodeStatus:
         return await self.port.status()
+
+    async def rpc_control(self, action: str, caller: ControlCaller) -> tuple[bool, str]:
+        """Only the node itself (its own certificate) or an admin of the swarm's CA may pause
+        or resume it, or ask; without TLS, only a caller on this machine."""
+        if caller.tls:
+            if caller.node_id != self.port.node_id and not caller.admin:
+                detail = (
+                    f"{caller.node_id[:8]} may not control this node: only its own certificate "
+                    "or an admin's (murmur ca issue --admin) may"
+                )
+                self.note_rejected(Reason.IDENTITY, detail)
+                raise Rejected(Reason.IDENTITY, detail)
+        elif not caller.local:
+            detail = "without TLS, only a caller on the node's own machine may control it"
+            self.note_rejected(Reason.IDENTITY, detail)
+            raise Rejected(Reason.IDENTITY, detail)
+        return await self.port.control(action)

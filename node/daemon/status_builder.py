@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Protocol
 
 import torch
 
@@ -16,6 +17,14 @@ from node.telemetry.events import Counters
 from node.telemetry.status import NeighbourStatus, NodeStatus, summarise_members
 
 __all__ = ["StatusBuilder"]
+
+
+class _Pause(Protocol):
+    @property
+    def paused(self) -> bool: ...
+
+    @property
+    def reason(self) -> str: ...
 
 
 class StatusBuilder:
@@ -51,6 +60,8 @@ class StatusBuilder:
         self.clock = clock
         #: Set by the node once it serves.
         self.address = ""
+        #: Whether the node is paused, and why (set by the node; None: never paused).
+        self.pauser: _Pause | None = None
 
     def readiness(self, closing: bool) -> str | None:
         """None once the node has joined, is training (or trained) and every link of its is up;
@@ -124,6 +135,8 @@ class StatusBuilder:
             relayed_bytes=relayed,
             relay_faults=self.peers.dialout.faults,
         )
+        if self.pauser is not None and self.pauser.paused:
+            status = dataclasses.replace(status, paused=True, pause_reason=self.pauser.reason)
         budget = self.peers.outflow.budget if self.peers.outflow is not None else None
         if budget is None:
             return status

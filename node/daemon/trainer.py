@@ -259,6 +259,9 @@ class Trainer:
         #: Rollbacks over the trainer's life.
         self.rollbacks = 0
         self._stop = threading.Event()
+        # Clear while paused: the loop waits for it between two steps.
+        self._going = threading.Event()
+        self._going.set()
         self._thread = threading.Thread(target=self._run, name="trainer", daemon=True)
         self.step = start_step
         self.samples = 0
@@ -285,6 +288,19 @@ class Trainer:
 
     def request_stop(self) -> None:
         self._stop.set()
+        self._going.set()  # a paused loop wakes, and ends
+
+    def pause(self) -> None:
+        """Take no more steps until :meth:`resume` (the step under way ends first). The step
+        count, the optimizer and the schedule stand still meanwhile."""
+        self._going.clear()
+
+    def resume(self) -> None:
+        self._going.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._going.is_set()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread: the end of the budget, or with ``idle_eval_interval_s`` set,
@@ -390,6 +406,9 @@ class Trainer:
             self._keep_finite()
             kept = self.step
             while not self._stop.is_set() and (budget is None or self.step < budget):
+                if not self._going.is_set():
+                    self._going.wait()
+                    continue  # stopped, or resumed: look again
                 began = time.perf_counter()
                 inputs, targets = next(stream)
                 loss = self._train_step(inputs, targets)

@@ -57,6 +57,9 @@ CA_KEY_FILE = "ca_key.pem"
 #: take the short ids that logs print.
 ISSUED_FILE = "issued.json"
 TLS_NAME = "murmur"
+#: The organizational unit of an admin's certificate (``murmur ca issue --admin``): it may
+#: pause and resume any node of the swarm (``murmur ctl``). It is a node certificate otherwise.
+ADMIN_UNIT = "murmur admin"
 #: Fewer characters than this are too likely to name another node tomorrow.
 MIN_PREFIX = 4
 _HEX = re.compile(r"[0-9a-f]+")
@@ -162,6 +165,7 @@ def issue_node(
     name: str,
     days: int = 365,
     not_before: datetime | None = None,
+    admin: bool = False,
 ) -> str:
     """Issue a node certificate from the CA in ``ca_dir`` into ``out_dir``; returns the node id.
 
@@ -176,6 +180,8 @@ def issue_node(
         name: a human label for the node, written into the certificate.
         days: how long the certificate is valid.
         not_before: when it starts being valid (now minus a few minutes for clock skew).
+        admin: an admin's certificate (subject OU = :data:`ADMIN_UNIT`), which may also pause
+            and resume any node of the swarm.
     """
     _check_days(days)
     if not name or len(name) > 64:
@@ -187,6 +193,7 @@ def issue_node(
         [
             x509.NameAttribute(NameOID.COMMON_NAME, identity.node_id),
             x509.NameAttribute(NameOID.PSEUDONYM, name),
+            *([x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, ADMIN_UNIT)] if admin else []),
         ]
     )
     ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
@@ -232,6 +239,8 @@ def issue_node(
     write_atomic(out_dir / CA_CERT_FILE, _cert_pem(ca_cert), mode=0o644)
     issued = issued_nodes(ca_dir)
     issued[identity.node_id] = {"name": name, "not_after": cert.not_valid_after_utc.isoformat()}
+    if admin:
+        issued[identity.node_id]["role"] = "admin"
     write_atomic(ca_dir / ISSUED_FILE, json.dumps(issued, indent=1, sort_keys=True).encode())
     return identity.node_id
 
@@ -437,12 +446,20 @@ def check_node_certificate(
     return node_id_of(key)
 
 
+def is_admin_certificate(cert: x509.Certificate) -> bool:
+    """Whether ``cert`` names an admin (its subject's OU is :data:`ADMIN_UNIT`); only
+    meaningful for a certificate the swarm's CA issued."""
+    units = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
+    return any(u.value == ADMIN_UNIT for u in units)
+
+
 @dataclass(frozen=True)
 class _Verdict:
     node_id: str  # empty when refused
     refusal: str
     not_before: datetime
     not_after: datetime
+    admin: bool = False
 
 
 class NodeCertificates:
@@ -489,6 +506,14 @@ class NodeCertificates:
             raise CertificateExpired(f"it expired at {verdict.not_after:%Y-%m-%d %H:%M}")
         return verdict.node_id
 
+    def is_admin(self, cert: bytes) -> bool:
+        """Whether ``cert``, a valid node certificate of this swarm, is an admin's."""
+        try:
+            self.node_id(cert)
+        except CertificateRefused:
+            return False
+        return self._verdicts[cert].admin
+
     def _judge(self, data: bytes) -> _Verdict:
         self.checked += 1
         never = datetime.min.replace(tzinfo=UTC)
@@ -502,4 +527,10 @@ class NodeCertificates:
             return _Verdict("", str(err), never, never)
         except ValueError:
             return _Verdict("", "it is not an X.509 certificate", never, never)
-        return _Verdict(node_id, "", cert.not_valid_before_utc, cert.not_valid_after_utc)
+        return _Verdict(
+            node_id,
+            "",
+            cert.not_valid_before_utc,
+            cert.not_valid_after_utc,
+            is_admin_certificate(cert),
+        )

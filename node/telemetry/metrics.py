@@ -130,6 +130,13 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
             s.sessions,
         )
     )
+    out.append(
+        _gauge(
+            "murmur_paused",
+            "1 while the node is paused (its device's policy, murmur ctl pause, SIGUSR1).",
+            s.paused,
+        )
+    )
     if s.budget_bytes:  # only on a node with --byte-budget
         out.append(
             _gauge(

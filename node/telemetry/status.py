@@ -91,6 +91,10 @@ class NodeStatus:
     budget_period_s: float = 0.0
     budget_left_bytes: int = 0
     budget_resets_in_s: float = 0.0
+    #: Paused (its device's policy, ``murmur ctl pause``, SIGUSR1), and why ("; " between
+    #: reasons): it trains and gossips nothing, and stays a member.
+    paused: bool = False
+    pause_reason: str = ""
 
     @property
     def live_members(self) -> int:
@@ -169,6 +173,8 @@ def format_status(s: NodeStatus) -> str:
         f"  sent {fmt_size(s.bytes_sent)} ({100 * s.compression_ratio:.1f}% of fp32)  "
         f"received {fmt_size(s.bytes_received)}",
     ]
+    if s.paused:
+        lines.append(f"  PAUSED: {s.pause_reason} (a member still; trains and gossips nothing)")
     if s.sessions or s.relayed_bytes:
         lines.append(
             f"  sessions held for nodes behind NAT {s.sessions}  "

@@ -20,8 +20,10 @@ if TYPE_CHECKING:  # torch only where tensors are chunked: `murmur status` does 
     import torch
 
 __all__ = [
+    "CONTROL_ACTIONS",
     "INVALID_ARGUMENT_REASONS",
     "UNDIALLABLE_DOMAIN",
+    "ControlCaller",
     "DeltaStream",
     "Handler",
     "HandshakeFailed",
@@ -70,6 +72,27 @@ class Unreachable(Exception):
 class HandshakeFailed(Unreachable):
     """The peer was reached, but the TLS handshake with it failed (a certificate from another
     CA, expired, or one side speaking plain TCP): retrying will not change it."""
+
+
+#: What ``murmur ctl`` may ask of a node.
+CONTROL_ACTIONS = ("query", "pause", "resume")
+
+
+@dataclass(frozen=True)
+class ControlCaller:
+    """Who asks to control a node, as the transport found out.
+
+    Args:
+        tls: the call came under mutual TLS (else plain TCP).
+        node_id: under TLS, the id its certificate names.
+        admin: under TLS, its certificate is an admin's of the swarm's CA.
+        local: the call came from this machine (loopback).
+    """
+
+    tls: bool
+    node_id: str = ""
+    admin: bool = False
+    local: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +149,11 @@ class Handler(Protocol):
 
     def rpc_pull_model(self, protocol_version: int, requester: str) -> AsyncIterator[ModelChunk]:
         """This node's current model, in chunks."""
+        ...
+
+    async def rpc_control(self, action: str, caller: ControlCaller) -> tuple[bool, str]:
+        """Pause, resume or query the node (``murmur ctl``); returns whether it is paused
+        and why. Raises :class:`Rejected` (``identity``) for a caller that may not ask."""
         ...
 
     def note_rejected(self, reason: Reason, detail: str) -> None:

@@ -30,6 +30,7 @@ from node.security.signing import RecordScreen
 from node.telemetry.status import NodeStatus
 from node.transport import wire
 from node.transport.base import (
+    CONTROL_ACTIONS,
     UNDIALLABLE_DOMAIN,
     Handler,
     HandshakeFailed,
@@ -342,6 +343,18 @@ class GrpcTransport:
         except grpc.aio.AioRpcError as err:
             raise _map_error(address, err) from None
         return wire.status_from_pb(reply)
+
+    async def call_control(self, address: str, action: str, timeout_s: float) -> tuple[bool, str]:
+        """Pause, resume or query the node at ``address`` (``murmur ctl``): whether it is
+        paused now, and why."""
+        if action not in CONTROL_ACTIONS:
+            raise ValueError(f"{action!r} is not one of {', '.join(CONTROL_ACTIONS)}")
+        request = wire.pb.ControlRequest(action=action.upper())  # the enum's names
+        try:
+            reply = await self._stub(address, "control").Control(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise _map_error(address, err) from None
+        return bool(reply.paused), str(reply.reason)
 
     async def call_swim(self, address: str, message: SwimMessage, timeout_s: float) -> str:
         request = wire.swim_to_pb(message, PROTOCOL_VERSION)

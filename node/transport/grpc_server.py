@@ -31,7 +31,9 @@ from node.security.pki import CertificateRefused, NodeCertificates
 from node.security.signing import RecordScreen
 from node.transport import wire
 from node.transport.base import (
+    CONTROL_ACTIONS,
     INVALID_ARGUMENT_REASONS,
+    ControlCaller,
     Handler,
     Reason,
     Rejected,
@@ -351,6 +353,33 @@ class Servicer(murmur_pb2_grpc.MurmurServicer):
             await self._refuse(context, err)
             raise AssertionError("abort returned") from err
 
+    async def Control(  # noqa: N802
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> wire.pb.ControlReply:
+        try:
+            with self._slot(context) as caller:
+                raw = await self._first(requests, "ControlRequest")
+                if isinstance(raw, Undecodable) or raw.action >= len(CONTROL_ACTIONS):
+                    raise self._refusal(Reason.MALFORMED, "not a ControlRequest")
+                paused, reason = await self.handler.rpc_control(
+                    CONTROL_ACTIONS[raw.action], self._control_caller(caller, context)
+                )
+                return wire.pb.ControlReply(paused=paused, reason=reason)
+        except Rejected as err:
+            await self._refuse(context, err)
+            raise AssertionError("abort returned") from err
+
+    def _control_caller(
+        self, caller: str, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ControlCaller:
+        peer = str(context.peer())
+        local = peer.startswith(("ipv4:127.", "ipv6:[::1]", "unix:"))
+        if self.certs is None:
+            return ControlCaller(tls=False, local=local)
+        pems = list(context.auth_context().get("x509_pem_cert") or [])
+        admin = bool(pems) and self.certs.is_admin(pems[0])
+        return ControlCaller(tls=True, node_id=caller, admin=admin, local=local)
+
     async def PullModel(  # noqa: N802
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[wire.pb.ModelChunk]:
@@ -537,5 +566,6 @@ def add_servicer(servicer: Servicer, server: grpc.aio.Server) -> None:
             pb.SessionFrame,
         ),
         "Forward": handler(unary_in, servicer.Forward, pb.ForwardRequest, pb.SessionFrame),
+        "Control": handler(unary_in, servicer.Control, pb.ControlRequest, pb.ControlReply),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

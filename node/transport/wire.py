@@ -134,6 +134,7 @@ def _member_from_pb(m: pb.Member) -> MemberRecord:
         accuser=_node_id(m.accuser, "member accuser") if m.accuser else "",
         accuser_signature=m.accuser_signature,
         relays=tuple(address(r, "member relay") for r in m.relays),
+        paused=m.paused,
     )
 
 
@@ -149,6 +150,7 @@ def _member_to_pb(m: MemberRecord, certificate: bool = True) -> pb.Member:
         accuser=m.accuser,
         accuser_signature=m.accuser_signature,
         relays=m.relays,
+        paused=m.paused,
     )
 
 
@@ -417,6 +419,7 @@ def status_from_pb(s: pb.NodeStatus) -> NodeStatus:
                 accuser=m.accuser,
                 accuser_signature=m.accuser_signature,
                 relays=tuple(m.relays),
+                paused=m.paused,
             )
             for m in s.members
         ),

@@ -15,7 +15,7 @@ import pytest
 from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import SwimMessage
 from node.telemetry.status import NodeStatus
-from node.transport.base import Reason, Rejected, SnapshotChunk
+from node.transport.base import ControlCaller, Reason, Rejected, SnapshotChunk
 from node.transport.memory import SeededFaults
 
 __all__ = ["LOSSES", "ORDERS", "Refusing", "faults"]
@@ -49,6 +49,9 @@ class Refusing:
         raise Rejected(Reason.MALFORMED, "not served here")
 
     async def rpc_status(self) -> NodeStatus:
+        raise Rejected(Reason.MALFORMED, "not served here")
+
+    async def rpc_control(self, action: str, caller: ControlCaller) -> tuple[bool, str]:
         raise Rejected(Reason.MALFORMED, "not served here")
 
     async def rpc_swim(self, protocol_version: int, message: SwimMessage) -> str:

@@ -23,7 +23,14 @@ from node.security.identity import Identity
 from node.security.pki import CA_CERT_FILE, CERT_FILE, KEY_FILE, init_ca, issue_node
 from node.security.signing import public_key_der, record_signer
 from node.telemetry.status import NodeStatus
-from node.transport.base import Reason, Rejected, SnapshotChunk, Transport, Unreachable
+from node.transport.base import (
+    ControlCaller,
+    Reason,
+    Rejected,
+    SnapshotChunk,
+    Transport,
+    Unreachable,
+)
 from node.transport.grpc import GrpcTransport
 from node.transport.memory import MemoryNetwork, MemoryTransport
 
@@ -198,6 +205,9 @@ class SwimResponder:
         self._busy()
 
     async def rpc_status(self) -> NodeStatus:
+        self._busy()
+
+    async def rpc_control(self, action: str, caller: ControlCaller) -> tuple[bool, str]:
         self._busy()
 
     async def rpc_pull_model(

@@ -12,7 +12,7 @@ import pytest
 from gossip.codecs import CODECS
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
-from node.config import ATTACKS, GossipConfig, NodeConfig, node_config
+from node.config import ATTACKS, GossipConfig, NodeConfig, PowerConfig, node_config
 from node.daemon.trainer import TrainerConfig
 from node.settings import (
     ATTACKS as SETTINGS_ATTACKS,
@@ -154,11 +154,12 @@ def test_the_schema_covers_every_field_of_the_frozen_configs_with_their_defaults
         "trainer.": TrainerConfig(),
         "gossip.": GossipConfig(),
         "membership.": SwimConfig(),
+        "power.": PowerConfig(),
     }
     expected: dict[str, object] = {}
     for prefix, cfg in components.items():
         for f in dataclasses.fields(cfg):
-            if f.name not in ("trainer", "gossip", "membership"):
+            if f.name not in ("trainer", "gossip", "membership", "power"):
                 expected[prefix + f.name] = getattr(cfg, f.name)
     for key in not_settings:
         expected.pop(key)

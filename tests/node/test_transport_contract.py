@@ -23,6 +23,7 @@ from gossip.swim import Kind, MemberRecord, Status, SwimMessage
 from node.telemetry.status import NeighbourStatus, NodeStatus
 from node.transport.base import (
     CHUNK_VALUES,
+    ControlCaller,
     Reason,
     Rejected,
     SnapshotChunk,
@@ -113,6 +114,9 @@ class RecordingHandler:
 
     async def rpc_status(self) -> NodeStatus:
         return STATUS
+
+    async def rpc_control(self, action: str, caller: ControlCaller) -> tuple[bool, str]:
+        return action == "pause", ""
 
     def note_rejected(self, reason: Reason, detail: str) -> None:
         self.noted.append(reason)

@@ -42,6 +42,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--out", type=Path, metavar="OUT", help="the node's state dir (default: DIR/NAME)"
     )
     issue.add_argument("--days", type=int, default=365, metavar="N", help="validity in days")
+    issue.add_argument(
+        "--admin",
+        action="store_true",
+        help="an admin's certificate: it may also pause and resume any node (murmur ctl)",
+    )
     issue.set_defaults(func=cmd_ca_issue)
     revoke = ca.add_parser(
         "revoke",
@@ -82,12 +87,12 @@ def cmd_ca_issue(args: argparse.Namespace) -> int:
     out: Path = args.out if args.out is not None else args.dir / args.name
     had_key = (out / KEY_FILE).exists()
     try:
-        node_id = issue_node(args.dir, out, args.name, days=args.days)
+        node_id = issue_node(args.dir, out, args.name, days=args.days, admin=args.admin)
     except (ValueError, OSError) as err:
         return fail("ca issue", err)
     key = f"{out / KEY_FILE} ({'kept' if had_key else 'new'}, mode 0600)"
     print(f"wrote {out / CERT_FILE} and {out / CA_CERT_FILE}; key {key}")
-    print(f"node id {node_id}")
+    print(f"node id {node_id}" + (" (admin)" if args.admin else ""))
     return 0
 
 

@@ -229,7 +229,54 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     add_gossip_flags(p, suppress=True)
     _add_mqtt_flags(p)
+    _add_power_flags(p)
     p.set_defaults(func=cmd_run, flag_labels=run_flag_labels(p))
+
+
+def _add_power_flags(p: argparse.ArgumentParser) -> None:
+    s = argparse.SUPPRESS
+    p.add_argument(
+        "--pause-on-battery-below",
+        dest="power.pause_on_battery_below",
+        metavar="PCT",
+        default=s,
+        help=flag_help("power.pause_on_battery_below"),
+    )
+    p.add_argument(
+        "--pause-above-temp",
+        dest="power.pause_above_temp",
+        metavar="C",
+        default=s,
+        help=flag_help("power.pause_above_temp"),
+    )
+    p.add_argument(
+        "--only-on-ac",
+        dest="power.only_on_ac",
+        action="store_true",
+        default=s,
+        help=flag_help("power.only_on_ac"),
+    )
+    p.add_argument(
+        "--active-hours",
+        dest="power.active_hours",
+        metavar="HH:MM-HH:MM",
+        default=s,
+        help=flag_help("power.active_hours"),
+    )
+    p.add_argument(
+        "--sysfs-root",
+        dest="power.sysfs_root",
+        metavar="DIR",
+        default=s,
+        help=flag_help("power.sysfs_root"),
+    )
+    p.add_argument(
+        "--power-poll-interval",
+        dest="power.poll_interval_s",
+        metavar="SECONDS",
+        default=s,
+        help=flag_help("power.poll_interval_s"),
+    )
 
 
 def _add_mqtt_flags(p: argparse.ArgumentParser) -> None:

@@ -58,6 +58,18 @@ async def serve(cfg: NodeConfig) -> int:
         node = creating.result()
     except (ValueError, OSError) as err:  # no device, task or certificate to be had
         return fail("run", err)
+    # SIGUSR1 pauses the node by hand and SIGUSR2 ends that pause, as `murmur ctl` does.
+    by_hand: set[asyncio.Task[Any]] = set()
+
+    def on_pause_signal(sig: signal.Signals) -> None:
+        action = "pause" if sig is signal.SIGUSR1 else "resume"
+        log.info("%s: %s", sig.name, action)
+        task = asyncio.create_task(node.control(action))
+        by_hand.add(task)
+        task.add_done_callback(by_hand.discard)
+
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        loop.add_signal_handler(sig, on_pause_signal, sig)
     starting = asyncio.create_task(node.start())
     try:
         if not await until_stopped(starting):
