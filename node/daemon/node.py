@@ -53,7 +53,7 @@ from node.daemon.gossiper import Gossiper
 from node.daemon.inbound import Inbound
 from node.daemon.joiner import Joiner
 from node.daemon.pacing import BUDGET_CHARGE
-from node.daemon.pause import Pauser
+from node.daemon.pause import PULL_AFTER_PAUSE_S, Pauser
 from node.daemon.peers import JoinError, Peers
 from node.daemon.port import DaemonPort
 from node.daemon.reporting import EvalRecorder, serve_metrics
@@ -95,11 +95,6 @@ from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 __all__ = ["METRICS_FILE", "PULL_AFTER_PAUSE_S", "SUMMARY_FILE", "JoinError", "Node"]
 
 log = logging.getLogger(__name__)
-
-#: A pause at least this long ends with a pull of the swarm's model, as a joiner's start does:
-#: the swarm has moved on, and mixing back from that far would take many rounds and pull the
-#: neighbours back meanwhile. A shorter one only resyncs its links.
-PULL_AFTER_PAUSE_S = 10.0
 
 
 def _advertised(bound: str) -> str:

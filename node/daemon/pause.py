@@ -20,9 +20,15 @@ from pathlib import Path
 from node.daemon.power import DeviceReading, PausePolicy, minute_of_day, read_device
 from node.runtime import Runtime
 
-__all__ = ["HAND", "Pauser"]
+__all__ = ["HAND", "PULL_AFTER_PAUSE_S", "Pauser"]
 
 log = logging.getLogger(__name__)
+
+#: A pause at least this long ends with a pull of the swarm's model, as a joiner's start does:
+#: the swarm has moved on, and mixing back from that far would take many rounds and pull the
+#: neighbours back meanwhile. A shorter one only resyncs its links. The daemon and the
+#: simulator both follow it.
+PULL_AFTER_PAUSE_S = 10.0
 
 #: The reason a pause by hand is kept under.
 HAND = "hand"

@@ -118,6 +118,13 @@ class SimConfig:
     attackers: testing robustness: this share of the initial nodes (rounded, at least one when
         positive) publishes ``gossip.attack`` instead of its model; samples count only the
         honest nodes.
+    paused_fraction: the share of the nodes paused at any moment, on average (devices on
+        battery, hot, off AC or outside their hours): each node alternates between running and
+        paused, each for an exponential time, paused for ``pause_mean_s`` on average. A paused
+        node is paused as the daemon's is (node/daemon/node.py): out of the topology, a member
+        still, and after a pause of ``PULL_AFTER_PAUSE_S`` or more it pulls the model before it
+        comes back. Samples count the nodes that are not paused.
+    pause_mean_s: the mean length of one pause.
     """
 
     nodes: int = 64
@@ -137,6 +144,8 @@ class SimConfig:
     target_loss: float | None = None
     wait_timeout_s: float = 60.0  # the daemon's default
     attackers: float = 0.0
+    paused_fraction: float = 0.0
+    pause_mean_s: float = 60.0
     gossip: GossipConfig = field(default_factory=GossipConfig)
     membership: SwimConfig = field(default_factory=SwimConfig)
     net: NetConfig = field(default_factory=NetConfig)
@@ -157,6 +166,8 @@ class SimConfig:
             raise ValueError("gossip alone (steps 0) needs idle rounds: set idle_round_interval_s")
         if self.gossip.max_upload_rate is not None:
             raise ValueError("the simulator does not model --max-upload-rate yet: leave it off")
+        if not 0 <= self.paused_fraction < 1 or self.pause_mean_s <= 0:
+            raise ValueError("paused_fraction is a share in [0, 1); pause_mean_s is positive")
         if not 0 <= self.attackers < 1:
             raise ValueError("attackers is a share of the nodes, in [0, 1)")
         if (self.attackers > 0) != (self.gossip.attack is not None):

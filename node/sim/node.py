@@ -15,7 +15,7 @@ time.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -34,6 +34,7 @@ from node.daemon.flat import FlatParams
 from node.daemon.inbound import Inbound
 from node.daemon.neighbourhood import Neighbourhood
 from node.daemon.pacing import BUDGET_CHARGE
+from node.daemon.pause import PULL_AFTER_PAUSE_S
 from node.daemon.peers import LEAVE_FANOUT
 from node.daemon.steps import run_here
 from node.daemon.trainer import batches, train_step
@@ -143,6 +144,11 @@ class SimNode:
         self._live: set[str] = set()
         self.step = 0
         self.loss = float("nan")
+        #: Paused (SimConfig.paused_fraction): a member, out of the topology, idle.
+        self.paused = False
+        self._paused_at = 0.0
+        # Each pause ends the chain of step (or idle round) events; a resume starts a new one.
+        self._chain = 0
         self.alive = True
         self.training = False
         #: Linked, and waiting for every edge to be up both ways before it trains.
@@ -206,10 +212,27 @@ class SimNode:
             return
         self.waiting = False
         self.training = True
-        if self.sim.cfg.steps == 0:  # gossip alone, as a node whose budget is spent
+        if self.paused:
+            return  # the resume starts the steps
+        self._go_on()
+
+    def _go_on(self) -> None:
+        """Start a chain of steps, or of idle rounds once the step budget is spent."""
+        budget = self.sim.cfg.steps
+        if budget is not None and self.step >= budget:  # gossip alone, as a spent node
             self._next_idle_round()
         else:
-            self.sim.events.after(self.step_s, self._local_step)
+            self._after(self.step_s, self._local_step)
+
+    def _after(self, delay_s: float, what: Callable[[], None]) -> None:
+        """``what`` in ``delay_s``, unless a pause comes first."""
+        chain = self._chain
+
+        def fire() -> None:
+            if chain == self._chain:
+                what()
+
+        self.sim.events.after(delay_s, fire)
 
     def _open_link(self, peer: Member) -> SimLink:
         link = SimLink(self, peer, self.link_cfg)
@@ -242,14 +265,14 @@ class SimNode:
         if self.pacer.due(self.step):
             self.try_round()
         if budget is None or self.step < budget:
-            self.sim.events.after(self.step_s, self._local_step)
+            self._after(self.step_s, self._local_step)
         else:
             self._next_idle_round()
 
     def _next_idle_round(self) -> None:
         interval_s = self.sim.cfg.gossip.idle_round_interval_s
         if interval_s is not None:  # None: no rounds once training is over, as the daemon
-            self.sim.events.after(interval_s, self._idle_round)
+            self._after(interval_s, self._idle_round)
 
     def _idle_round(self) -> None:
         """After training: keep mixing toward the swarm, on a timer, as the daemon does."""
@@ -409,6 +432,41 @@ class SimNode:
             return set()
         near = {m.address for m in map(self.view.get, self.neighbourhood.neighbours) if m}
         return (near | set(self.swim.relays)) - self._failed
+
+    # -- pausing (the daemon's node/daemon/node.py _paused) -------------------------------------
+
+    def pause(self) -> None:
+        """Paused: no steps and no rounds; the record says so (the neighbours hear it at once),
+        so every topology leaves this node out; membership goes on."""
+        if self.paused or not self.alive:
+            return
+        self.paused = True
+        self._paused_at = self.sim.clock.now()
+        self._chain += 1
+        if self.swim.set_paused(True):
+            told = [m.address for m in map(self.view.get, self.neighbourhood.neighbours) if m]
+            self.send_swim([self.swim.ping(address) for address in told])
+        self.update_topology()
+
+    def resume(self) -> None:
+        """Back: after a long pause through a pull of the swarm's model first."""
+        if not self.paused or not self.alive:
+            return
+        if self.sim.clock.now() - self._paused_at >= PULL_AFTER_PAUSE_S:
+            self.sim.pull_after_pause(self)
+        else:
+            self.come_back()
+
+    def come_back(self) -> None:
+        """Into the topology again (new neighbours are greeted with our record), and on with
+        the steps."""
+        if not self.paused or not self.alive:
+            return
+        self.paused = False
+        self.swim.set_paused(False)
+        self.update_topology()
+        if self.training:
+            self._go_on()
 
     # -- joining ------------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from node.sim.decodes import sharing_decodes
 from node.sim.link import REPLY_BYTES
 from node.sim.nat import Reachability
 from node.sim.node import CPU, SimNode
+from node.sim.world import Resuming
 from node.tasks.base import Shard, Task, evaluate_task, load_task
 from node.transport import wire
 
@@ -75,6 +76,8 @@ class Sample:
     relayed_bytes_per_node: float = 0.0
     #: Nodes behind NAT among the live ones.
     behind_nat: int = 0
+    #: Nodes paused now (SimConfig.paused_fraction); the other figures leave them out.
+    paused: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -163,6 +166,9 @@ class Simulation:
         for n in self.nodes.values():
             n.start_links()  # and trains once its edges are up both ways
             n.after_swim()
+        if cfg.paused_fraction > 0:  # each node paused with that chance from the start
+            for n in list(self.nodes.values()):
+                self._pauses(n, paused=self.rng.random() < cfg.paused_fraction)
         self._probe = self._task(0, 0)
         self._probe_flat = FlatParams(self._probe.model)
         #: What the swarm is judged by, and the value counted as reached.
@@ -309,6 +315,8 @@ class Simulation:
             shard = self.rng.randrange(self.cfg.nodes)
         node = self._make_node(shard)
         self.joined += 1
+        if self.cfg.paused_fraction > 0:
+            self._pauses(node, paused=False)
         if self.nat.joiner():  # it joins through a member others can dial, its first relay
             dialable = [n for n in self.nodes.values() if n.training and not n.behind_nat]
             if helper.behind_nat and dialable:
@@ -332,12 +340,52 @@ class Simulation:
         self.events.after(rtt, introduced)
         return node
 
-    def _pull(self, node: SimNode, source: SimNode) -> None:
+    # -- pauses ------------------------------------------------------------------------------
+
+    def _pauses(self, node: SimNode, paused: bool) -> None:
+        """``node`` alternates between running and paused from now on, each for an exponential
+        time, so that ``paused_fraction`` of the time it is paused."""
+        cfg = self.cfg
+        mean_paused = cfg.pause_mean_s
+        mean_running = mean_paused * (1 - cfg.paused_fraction) / cfg.paused_fraction
+
+        def toggle() -> None:
+            if not node.alive:
+                return
+            if node.paused:
+                node.resume()
+                self.events.after(self.rng.expovariate(1 / mean_running), toggle)
+            else:
+                node.pause()
+                self.events.after(self.rng.expovariate(1 / mean_paused), toggle)
+
+        if paused:
+            node.pause()
+        self.events.after(
+            self.rng.expovariate(1 / (mean_paused if paused else mean_running)), toggle
+        )
+
+    def pull_after_pause(self, node: Resuming) -> None:
+        sources = [n for n in self.nodes.values() if n.training and not n.paused]
+        sim_node = self.nodes.get(node.address)
+        if not sources or sim_node is None:
+            node.come_back()
+            return
+        self._pull(sim_node, self.rng.choice(sources), then=node.come_back)
+
+    def _sources(self) -> list[SimNode]:
+        """Nodes a model may be pulled from: training, and not paused."""
+        return [n for n in self.nodes.values() if n.training and not n.paused]
+
+    def _pull(self, node: SimNode, source: SimNode, then: Callable[[], None] | None = None) -> None:
+        """``node`` pulls ``source``'s model (another's, should ``source`` go meanwhile), then
+        links and trains, as a joiner (or, with ``then``, does that instead)."""
+
         def at_source() -> None:
             if not node.alive:
                 return
             if not source.alive:
-                self._pull(node, self.rng.choice([n for n in self.nodes.values() if n.training]))
+                self._pull(node, self.rng.choice(self._sources() or [node]), then)
                 return
             values = source.flat.flat.clone()
             node.pulled_from = source.node_id
@@ -351,6 +399,9 @@ class Simulation:
             if not node.alive:
                 return
             node.adopt(values, session=self.rng.getrandbits(62))
+            if then is not None:
+                then()
+                return
             node.start_links()  # and trains once its edges are up both ways, as the daemon
             node.after_swim()
 
@@ -384,7 +435,7 @@ class Simulation:
         return loss <= self.target
 
     def sample(self) -> Sample:
-        live = [n for n in self.nodes.values() if n.training and n.attack is None]
+        live = [n for n in self.nodes.values() if n.training and not n.paused and n.attack is None]
         everyone = list(self.nodes.values())
         slots = max(1, len(everyone) + self.departed)
         models = {n.node_id: n.flat.flat for n in live}
@@ -424,6 +475,7 @@ class Simulation:
             partial_views=self.partial_views(),
             relayed_bytes_per_node=self.nat.relayed_bytes / slots,
             behind_nat=sum(n.behind_nat for n in live),
+            paused=sum(n.paused for n in everyone),
             **self._evictions(live),
         )
 

@@ -16,7 +16,7 @@ from gossip.messages import Delta, SnapshotHeader
 from gossip.swim import SwimMessage
 from node.sim.config import SimConfig
 
-__all__ = ["Receiver", "World"]
+__all__ = ["Receiver", "Resuming", "World"]
 
 
 class Receiver(Protocol):
@@ -32,6 +32,17 @@ class Receiver(Protocol):
     def rpc_push_snapshot(self, header: SnapshotHeader, values: torch.Tensor, nbytes: int) -> int:
         """The snapshot applied through the inbound path; raises ``Rejected``."""
         ...
+
+
+class Resuming(Protocol):
+    """A node that comes back from a long pause: it takes a pulled model, then rejoins."""
+
+    @property
+    def address(self) -> str: ...
+
+    def adopt(self, values: torch.Tensor, session: int) -> None: ...
+
+    def come_back(self) -> None: ...
 
 
 class World(Protocol):
@@ -65,6 +76,11 @@ class World(Protocol):
 
     def holds_session(self, address: str, member: str) -> bool:
         """Whether the node at ``address`` (behind NAT) holds a session to ``member``."""
+        ...
+
+    def pull_after_pause(self, node: Resuming) -> None:
+        """``node`` resumes after a long pause: pull the model from a member that is not
+        paused, then call its ``come_back``."""
         ...
 
     def relay_swim(

@@ -158,6 +158,21 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="share of the nodes that nobody can dial: they name relays, and have only "
         "neighbours others can dial",
     )
+    p.add_argument(
+        "--paused-fraction",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of the nodes paused at any moment, on average (battery, heat, off AC): "
+        "each alternates between running and paused, as the daemon pauses",
+    )
+    p.add_argument(
+        "--pause-mean",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="mean length of one pause, in simulated seconds",
+    )
     p.add_argument("--out", type=Path, default=Path("murmur-sim"), metavar="DIR", help="output dir")
     p.add_argument("--quiet", action="store_true", help="no progress")
     add_gossip_flags(p, suppress=False)
@@ -198,6 +213,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             target_accuracy=args.target_accuracy,
             target_loss=args.target_loss,
             attackers=args.attackers,
+            paused_fraction=args.paused_fraction,
+            pause_mean_s=args.pause_mean,
             gossip=gossip,
             membership=SwimConfig(period_s=args.swim_period),
             net=NetConfig(
