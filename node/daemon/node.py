@@ -471,6 +471,7 @@ class Node:
             # On a thread: shutting the server down waits for a scrape that may be waiting
             # for this event loop.
             await asyncio.to_thread(self.metrics_server.stop)
+        await self.pauser.stop()
         self.trainer.request_stop()
         await asyncio.to_thread(self.trainer.join)
         await self.signals.cancel_tasks()
@@ -535,9 +536,10 @@ class Node:
 
     async def control(self, action: str) -> tuple[bool, str]:
         """``pause`` or ``resume`` by hand, or ``query``; returns whether the node is paused
-        now, and why. A resume by hand ends only a pause by hand."""
+        (or pausing: the change takes effect in moments, a resume's pull in longer), and why.
+        A resume by hand ends only a pause by hand."""
         if action in ("pause", "resume") and not self.closing:
-            await self.pauser.by_hand(action == "pause")
+            self.pauser.by_hand(action == "pause")
         return self.pauser.paused, self.pauser.reason
 
     async def _paused(self, paused: bool, lasted_s: float) -> None:

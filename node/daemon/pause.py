@@ -69,6 +69,7 @@ class Pauser:
         self._told = False
         self._paused_at = 0.0
         self._lock = asyncio.Lock()
+        self._telling: set[asyncio.Task[None]] = set()
         #: The last reading of the device (None: none taken yet, or the policy reads nothing).
         self.reading: DeviceReading | None = None
 
@@ -81,13 +82,28 @@ class Pauser:
         """Why the node is paused, one reason after another; empty when it is not."""
         return "; ".join(self.reasons[k] for k in sorted(self.reasons))
 
-    async def by_hand(self, paused: bool) -> None:
-        """Pause or resume by hand; returns once the node has been told (and caught up)."""
+    def by_hand(self, paused: bool) -> None:
+        """Pause or resume by hand. Returns at once: the node is told in a task of its own
+        (a resume may first pull the model, which can take minutes on a slow link, and the
+        one who asked should not wait for that); :meth:`settled` waits for it."""
         if paused:
             self.reasons[HAND] = "paused by hand (murmur ctl pause, SIGUSR1)"
         else:
             self.reasons.pop(HAND, None)
-        await self._tell()
+        task = asyncio.get_running_loop().create_task(self._tell())
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
+
+    async def settled(self) -> None:
+        """Wait until the node has been told of every change asked by hand so far."""
+        while self._telling:
+            await asyncio.gather(*self._telling)
+
+    async def stop(self) -> None:
+        """Cancel what is being told (the node stops)."""
+        for task in list(self._telling):
+            task.cancel()
+        await asyncio.gather(*self._telling, return_exceptions=True)
 
     async def check(self) -> None:
         """Read the device once and follow the policy."""

@@ -95,8 +95,10 @@ async def test_a_long_pause_ends_with_a_pull_of_the_swarms_model(
         a, _, c = nodes
         await a.wait_until(lambda: all(n.trainer.step >= 100 for n in nodes), 60)
         await c.control("pause")
+        await c.pauser.settled()
         session = c.state.session
         await c.control("resume")
+        await c.pauser.settled()
         # Adopting a pulled model starts a new log, so that the neighbours resync from it.
         assert c.state.session != session
         assert c.metrics is not None
@@ -119,9 +121,11 @@ async def test_a_resume_by_hand_leaves_the_policys_pause_standing(tmp_path: Path
     await pauser.check()
     assert pauser.paused
     assert "battery at 10%" in pauser.reason
-    await pauser.by_hand(True)
+    pauser.by_hand(True)
+    await pauser.settled()
     assert set(pauser.reasons) == {"battery", HAND}
-    await pauser.by_hand(False)
+    pauser.by_hand(False)
+    await pauser.settled()
     assert pauser.paused
     assert set(pauser.reasons) == {"battery"}
     battery(root, 22)  # above the threshold, below it plus the hysteresis: still paused
