@@ -125,6 +125,8 @@ class SimConfig:
         still, and after a pause of ``PULL_AFTER_PAUSE_S`` or more it pulls the model before it
         comes back. Samples count the nodes that are not paused.
     pause_mean_s: the mean length of one pause.
+    budgeted_fraction: the share of the nodes that ``gossip.byte_budget`` applies to (devices
+        on metered links, drawn apart from the rest of the randomness); 1: every node.
     """
 
     nodes: int = 64
@@ -146,6 +148,7 @@ class SimConfig:
     attackers: float = 0.0
     paused_fraction: float = 0.0
     pause_mean_s: float = 60.0
+    budgeted_fraction: float = 1.0
     gossip: GossipConfig = field(default_factory=GossipConfig)
     membership: SwimConfig = field(default_factory=SwimConfig)
     net: NetConfig = field(default_factory=NetConfig)
@@ -166,6 +169,10 @@ class SimConfig:
             raise ValueError("gossip alone (steps 0) needs idle rounds: set idle_round_interval_s")
         if self.gossip.max_upload_rate is not None:
             raise ValueError("the simulator does not model --max-upload-rate yet: leave it off")
+        if not 0 <= self.budgeted_fraction <= 1:
+            raise ValueError("budgeted_fraction is a share of the nodes, in [0, 1]")
+        if self.budgeted_fraction < 1 and self.gossip.byte_budget is None:
+            raise ValueError("budgeted_fraction says who has the byte budget: give one too")
         if not 0 <= self.paused_fraction < 1 or self.pause_mean_s <= 0:
             raise ValueError("paused_fraction is a share in [0, 1); pause_mean_s is positive")
         if not 0 <= self.attackers < 1:

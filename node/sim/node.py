@@ -62,6 +62,7 @@ class SimNode:
     task: its task, built as the daemon builds it (same seed: same initial model).
     step_s: simulated seconds per local step (its speed).
     attack: testing robustness: what this node publishes instead of its model (None: honest).
+    budgeted: ``gossip.byte_budget`` applies to this node (SimConfig.budgeted_fraction).
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class SimNode:
         incarnation: int,
         rng: random.Random,
         attack: str | None = None,
+        budgeted: bool = True,
     ) -> None:
         cfg = sim.cfg
         g = cfg.gossip
@@ -116,7 +118,9 @@ class SimNode:
         budget_cfg = g.budget_config
         #: The byte budget (gossip/budget.py) on the simulation's clock; its links spend it.
         self.budget = (
-            ByteBudget(budget_cfg, sim.clock, BUDGET_CHARGE) if budget_cfg is not None else None
+            ByteBudget(budget_cfg, sim.clock, BUDGET_CHARGE)
+            if budget_cfg is not None and budgeted
+            else None
         )
         self.mixer = Mixer(self.state, mix, outer, budget=self.budget)
         self.link_cfg = LinkConfig(queue=g.link_queue, call_timeout_s=g.call_timeout_s)

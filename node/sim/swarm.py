@@ -144,6 +144,8 @@ class Simulation:
         # Drawn apart from the rest, so that a run with attackers differs only by them.
         picked = random.Random(cfg.seed + 2).sample(range(cfg.nodes), cfg.attacker_count)
         self.attackers = frozenset(picked)
+        #: Who has the byte budget (SimConfig.budgeted_fraction), also drawn apart.
+        self._budget_rng = random.Random(cfg.seed + 3)
         #: The group of each node's address while the network is split (cfg.net.partition).
         self.groups: dict[str, int] = {}
         split = cfg.net.partition
@@ -224,6 +226,8 @@ class Simulation:
             incarnation=1,
             rng=random.Random(self.rng.getrandbits(62)),
             attack=attack,
+            budgeted=cfg.budgeted_fraction >= 1
+            or self._budget_rng.random() < cfg.budgeted_fraction,
         )
         self.nodes[node.address] = node
         return node

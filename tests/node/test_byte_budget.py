@@ -172,3 +172,17 @@ def test_the_simulator_spends_a_budget_as_the_daemon_does() -> None:
     most = len(capped.nodes) * (2 * per_node / BUDGET_CHARGE + 3 * 2 * model)
     assert capped_bytes <= most, (capped_bytes, most)
     assert capped_bytes < free_bytes / 3, (capped_bytes, free_bytes)
+
+
+def test_the_simulator_budgets_only_the_share_of_the_nodes_it_is_told() -> None:
+    gossip = GossipConfig(codec="int8", byte_budget=(20_000, 3.0))
+    cfg = SimConfig(nodes=8, duration_s=6.0, eval_every_s=3.0, gossip=gossip)
+    sim = Simulation(dataclasses.replace(cfg, budgeted_fraction=0.5))
+    sim.run()
+    budgeted = [n for n in sim.nodes.values() if n.budget is not None]
+    free = [n for n in sim.nodes.values() if n.budget is None]
+    assert budgeted
+    assert free
+    assert max(n.counters.bytes_sent for n in budgeted) < min(n.counters.bytes_sent for n in free)
+    with pytest.raises(ValueError, match="give one too"):
+        SimConfig(budgeted_fraction=0.5)

@@ -173,6 +173,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="mean length of one pause, in simulated seconds",
     )
+    p.add_argument(
+        "--budgeted-fraction",
+        type=float,
+        default=1.0,
+        metavar="SHARE",
+        help="share of the nodes that --byte-budget applies to (metered links)",
+    )
     p.add_argument("--out", type=Path, default=Path("murmur-sim"), metavar="DIR", help="output dir")
     p.add_argument("--quiet", action="store_true", help="no progress")
     add_gossip_flags(p, suppress=False)
@@ -215,6 +222,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             attackers=args.attackers,
             paused_fraction=args.paused_fraction,
             pause_mean_s=args.pause_mean,
+            budgeted_fraction=args.budgeted_fraction,
             gossip=gossip,
             membership=SwimConfig(period_s=args.swim_period),
             net=NetConfig(
