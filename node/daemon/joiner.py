@@ -215,8 +215,11 @@ class Joiner:
         ]
         self.runtime.rng.shuffle(neighbours)
         self.runtime.rng.shuffle(others)
-        # The helper first: it answered a moment ago.
-        candidates = list(dict.fromkeys([helper, *neighbours, *others]))
+        # The helper first: it answered a moment ago; but after the others if it is paused
+        # (its model is as old as its pause) or cannot be dialled.
+        stale = {m.address for m in map(view.get, unreachable) if m}
+        ordered = list(dict.fromkeys([helper, *neighbours, *others]))
+        candidates = [a for a in ordered if a not in stale] + [a for a in ordered if a in stale]
         numel = self.flat.numel
         pulled: list[tuple[str, torch.Tensor, int]] = []
         started = self.runtime.clock.now()

@@ -206,6 +206,8 @@ def format_status(s: NodeStatus) -> str:
     lines.append(f"  members ({s.live_members} live):")
     for m in s.members:
         mark = "" if m.status is Status.ALIVE else f" ({m.status})"
+        if m.paused:
+            mark += " (paused)"
         lines.append(f"    {m.node_id[:12]:12} {m.address:21} incarnation {m.incarnation}{mark}")
     known = sum(s.member_counts.values())
     if known > len(s.members):

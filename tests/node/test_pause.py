@@ -7,6 +7,7 @@ tests/e2e/test_pause.py drives the same through real processes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from node.telemetry.metrics import status_metrics
 from node.telemetry.mqtt_messages import status_payload
 from node.telemetry.status import NodeStatus, format_status
 from node.transport.base import ControlCaller, Rejected
+from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import memory_swarm
 
 SETTINGS = {"trainer.steps": None, "trainer.eval_every": 50}
@@ -77,7 +79,11 @@ async def test_a_paused_node_leaves_the_topology_stays_a_member_and_comes_back(
         assert "PAUSED" in format_status(status)
         assert gauge(status, "murmur_paused") == 1
         assert json.loads(status_payload(status, online=True, now=0.0, interval_s=5.0))["paused"]
-        assert gauge(await a.status(), "murmur_paused") == 0
+        seen_by_a = await a.status()
+        assert gauge(seen_by_a, "murmur_paused") == 0
+        assert f"{c.node_id[:12]}" in format_status(seen_by_a)
+        line = next(x for x in format_status(seen_by_a).splitlines() if c.node_id[:12] in x)
+        assert "(paused)" in line  # the members table of a node that is not paused
 
         paused, reason = await c.control("resume")
         assert (paused, reason) == (False, "")
@@ -177,3 +183,31 @@ def test_an_admin_certificate_says_so_and_a_node_certificate_does_not(tmp_path: 
     assert certs.is_admin((tmp_path / "admin" / "node_cert.pem").read_bytes())
     assert not certs.is_admin((tmp_path / "node" / "node_cert.pem").read_bytes())
     assert not certs.is_admin(b"not a certificate")
+
+
+async def test_a_joiner_pulls_the_model_from_members_that_are_not_paused(tmp_path: Path) -> None:
+    network = MemoryNetwork()
+    async with memory_swarm(tmp_path, 3, SETTINGS, network) as nodes:
+        a, b, c = nodes
+        await a.wait_until(lambda: all(n.trainer.step >= 100 for n in nodes), 60)
+        await b.control("pause")
+        await b.pauser.settled()
+        await a.wait_until(lambda: all(b.node_id in n.peers.view.paused for n in (a, c)), 30)
+        cfg = dataclasses.replace(
+            a.cfg,
+            state_dir=tmp_path / "joiner",
+            shard_index=0,
+            join=(b.address,),  # through the paused member
+            wait_members=1,
+        )
+        joiner = await Node.create(cfg, transport=MemoryTransport(network))
+        try:
+            await joiner.start()
+            assert joiner.metrics is not None
+            joiner.metrics.close()
+            lines = joiner.metrics.path.read_text().splitlines()
+            (pulled,) = [r for r in map(json.loads, lines) if r["event"] == "pulled_model"]
+            assert pulled["source"] != b.address
+            assert pulled["agreed_with"] != b.address
+        finally:
+            await joiner.stop(grace_s=0)
