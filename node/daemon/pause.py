@@ -109,11 +109,14 @@ class Pauser:
         """Read the device once and follow the policy."""
         if not self.policy.active:
             return
+        first = self.reading is None
         try:
             self.reading = await asyncio.to_thread(self._read, self.root)
         except OSError as err:  # read_device skips what it cannot read; this is the unforeseen
             log.warning("could not read the device's state under %s: %s", self.root, err)
             return
+        if first:
+            self._say_first(self.reading)
         held = frozenset(self.reasons)
         found = self.policy.reasons(self.reading, self._now_minute(), held)
         for key in list(self.reasons):
@@ -121,6 +124,25 @@ class Pauser:
                 del self.reasons[key]
         self.reasons.update(found)
         await self._tell()
+
+    def _say_first(self, reading: DeviceReading) -> None:
+        """Say what the policy reads, once, and warn of a rule the device gives nothing to
+        (a battery rule where no battery is listed never pauses the node)."""
+        p = self.policy
+        battery = "no battery" if reading.battery_pct is None else f"{reading.battery_pct:.0f}%"
+        temp = "no thermal zone" if reading.temp_c is None else f"{reading.temp_c:.1f} °C"
+        power = "on AC" if reading.on_ac else "on battery"
+        log.info("device under %s: %s, battery %s, %s", self.root, power, battery, temp)
+        if p.battery_below is not None and reading.battery_pct is None:
+            log.warning(
+                "--pause-on-battery-below is set, but %s lists no battery: it never pauses",
+                self.root / "class" / "power_supply",
+            )
+        if p.above_temp is not None and reading.temp_c is None:
+            log.warning(
+                "--pause-above-temp is set, but %s has no readable zone: it never pauses",
+                self.root / "class" / "thermal",
+            )
 
     async def run(self) -> None:
         """Follow the policy until cancelled."""

@@ -211,3 +211,23 @@ async def test_a_joiner_pulls_the_model_from_members_that_are_not_paused(tmp_pat
             assert pulled["agreed_with"] != b.address
         finally:
             await joiner.stop(grace_s=0)
+
+
+async def test_the_first_reading_is_said_and_a_rule_with_nothing_to_read_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "sys"
+    battery(root, 80, "Charging")
+
+    async def on_change(paused: bool, lasted_s: float) -> None:
+        raise AssertionError("nothing pauses here")
+
+    policy = PausePolicy(battery_below=20, above_temp=80)
+    pauser = Pauser(policy, root, 1.0, Runtime.on_loop(), on_change)
+    with caplog.at_level("INFO", logger="node.daemon.pause"):
+        await pauser.check()
+        await pauser.check()
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("battery 80%" in line for line in said) == 1  # once, at the first reading
+    assert any("--pause-above-temp is set" in line and "never pauses" in line for line in said)
+    assert not any("--pause-on-battery-below is set" in line for line in said)
