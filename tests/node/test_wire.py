@@ -115,6 +115,7 @@ def test_membership_messages_round_trip(kind: Kind) -> None:
     updates = (
         MemberRecord("a1", "h:1", 2),
         MemberRecord("c3", "[::1]:7", 9, Status.SUSPECT, accuser="a1", accuser_signature=b"s"),
+        MemberRecord("d4", "h:4", 3, paused=True),
     )
     message = SwimMessage(kind, "a1", "h:1", 44, "c3" if kind is Kind.PING_REQ else "", updates)
     raw = wire.swim_to_pb(message, PROTOCOL_VERSION).SerializeToString()
@@ -170,3 +171,10 @@ def test_model_chunks_round_trip() -> None:
     chunk = ModelChunk(numel=10, offset=4, data=b"\0" * 24, step=3)
     raw = wire.model_chunk_to_pb(chunk).SerializeToString()
     assert wire.model_chunk_from_pb(pb.ModelChunk.FromString(raw)) == chunk
+
+
+def test_a_pause_is_part_of_the_members_own_claim() -> None:
+    running = MemberRecord("a1", "h:1", 2)
+    paused = MemberRecord("a1", "h:1", 2, paused=True)
+    assert running.claim() == b"murmur-member|a1|h:1|2|alive"  # as it always signed
+    assert paused.claim() == b"murmur-member|a1|h:1|2|alive|paused"  # a relay cannot forge it
