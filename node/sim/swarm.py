@@ -370,7 +370,7 @@ class Simulation:
         )
 
     def pull_after_pause(self, node: Resuming) -> None:
-        sources = [n for n in self.nodes.values() if n.training and not n.paused]
+        sources = self._sources()
         sim_node = self.nodes.get(node.address)
         if not sources or sim_node is None:
             node.come_back()
