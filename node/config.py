@@ -103,7 +103,11 @@ class GossipConfig:
     compress_fraction: share of each block the sparse codecs send (topk, randk, dct-topk).
     gamma: consensus step size; None picks :data:`DEFAULT_GAMMA` for the codec (for a sparse
         codec, :data:`SPARSE_GAMMA_PER_SHARE` times the share of each block it sends).
-    local_steps: local training steps between gossip rounds (H).
+    local_steps: local training steps between gossip rounds (H): the least; more when the
+        links are still busy with the last round.
+    max_local_steps: the most local steps between two rounds: a trainer that gets there
+        waits until its links take the next round. None: no bound (a fast device on a slow
+        link takes as many steps as its links leave it time for).
     idle_round_interval_s: how often to consider a round once local training is over; None:
         no rounds then (a node that only serves its model).
     trigger: make a round only when it is worth its bytes (gossip/trigger.py): the unsent
@@ -138,6 +142,7 @@ class GossipConfig:
     compress_fraction: float = DEFAULT_FRACTION  # CHOCO-SGD's top-1%; an index fits a byte
     gamma: float | None = None
     local_steps: int = 1
+    max_local_steps: int | None = None
     idle_round_interval_s: float | None = 0.1
     trigger: bool = True
     trigger_threshold: float = TriggerConfig.threshold
@@ -171,6 +176,11 @@ class GossipConfig:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
         if self.local_steps < 1:
             raise ValueError("local_steps must be at least 1")
+        if self.max_local_steps is not None and self.max_local_steps < self.local_steps:
+            raise ValueError(
+                f"max_local_steps ({self.max_local_steps}) must be at least local_steps "
+                f"({self.local_steps})"
+            )
         if self.block_size <= 0 or self.block_size % 8:
             raise ValueError("block_size must be a positive multiple of 8")
         CODECS[codec].make(self.block_size, self.compress_fraction)  # raises on settings it refuses

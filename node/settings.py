@@ -234,6 +234,11 @@ class GossipSettings(_Schema):
         None, description="consensus step size (none: by codec)"
     )  # harsher codecs need a smaller one (Koloskova et al. 2019)
     local_steps: AtLeastOne = Field(1, description="least local steps between gossip rounds")
+    max_local_steps: AtLeastOne | None = Field(
+        None,
+        description="most local steps between gossip rounds: the trainer waits there for its "
+        "links (none: no bound)",
+    )  # at least local_steps
     idle_round_interval_s: Positive | None = Field(
         0.1, description="seconds between rounds once training is over (none: no rounds then)"
     )
@@ -445,6 +450,7 @@ FLAG_KEYS: dict[str, str] = {
     "compress-fraction": "gossip.compress_fraction",
     "gamma": "gossip.gamma",
     "local-steps": "gossip.local_steps",
+    "max-local-steps": "gossip.max_local_steps",
     "trigger-threshold": "gossip.trigger_threshold",
     "heartbeat": "gossip.heartbeat_s",
     "outer-lr": "gossip.outer_lr",

@@ -339,6 +339,13 @@ def _check_together(s: RunSettings, origins: Mapping[str, Origin]) -> None:
             f"shard_index {s.shard_index}{said('shard_index')}, "
             f"shard_count {s.shard_count}{said('shard_count')}"
         )
+    g = s.gossip
+    if g.max_local_steps is not None and g.max_local_steps < g.local_steps:
+        raise SettingsError(
+            f"max_local_steps {g.max_local_steps}{said('gossip.max_local_steps')} is below "
+            f"local_steps {g.local_steps}{said('gossip.local_steps')}: the most local steps "
+            "between two rounds cannot be fewer than the least"
+        )
     if s.mqtt_discovery and s.mqtt is None:
         raise SettingsError(
             f"MQTT discovery{said('mqtt_discovery')} needs a broker: give --mqtt URL"

@@ -238,7 +238,7 @@ class NeighbourStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ..., weight: _Optional[float] = ..., bytes_received: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "train_loss", "eval_accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples", "eval_loss", "eval_step", "eval_age_s", "member_counts", "sessions", "relayed_bytes", "rounds_skipped", "relay_faults", "budget_bytes", "budget_period_s", "budget_left_bytes", "budget_resets_in_s", "paused", "pause_reason")
+    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "train_loss", "eval_accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples", "eval_loss", "eval_step", "eval_age_s", "member_counts", "sessions", "relayed_bytes", "rounds_skipped", "relay_faults", "budget_bytes", "budget_period_s", "budget_left_bytes", "budget_resets_in_s", "paused", "pause_reason", "held_s")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +285,7 @@ class NodeStatus(_message.Message):
     BUDGET_RESETS_IN_S_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     PAUSE_REASON_FIELD_NUMBER: _ClassVar[int]
+    HELD_S_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     device: str
@@ -317,7 +318,8 @@ class NodeStatus(_message.Message):
     budget_resets_in_s: float
     paused: bool
     pause_reason: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., train_loss: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_step: _Optional[int] = ..., eval_age_s: _Optional[float] = ..., member_counts: _Optional[_Mapping[str, int]] = ..., sessions: _Optional[int] = ..., relayed_bytes: _Optional[int] = ..., rounds_skipped: _Optional[int] = ..., relay_faults: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., budget_period_s: _Optional[float] = ..., budget_left_bytes: _Optional[int] = ..., budget_resets_in_s: _Optional[float] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ...) -> None: ...
+    held_s: float
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., train_loss: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_step: _Optional[int] = ..., eval_age_s: _Optional[float] = ..., member_counts: _Optional[_Mapping[str, int]] = ..., sessions: _Optional[int] = ..., relayed_bytes: _Optional[int] = ..., rounds_skipped: _Optional[int] = ..., relay_faults: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., budget_period_s: _Optional[float] = ..., budget_left_bytes: _Optional[int] = ..., budget_resets_in_s: _Optional[float] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ..., held_s: _Optional[float] = ...) -> None: ...
 
 class ControlRequest(_message.Message):
     __slots__ = ("action",)

@@ -209,6 +209,8 @@ def node_argv(
         "--local-steps",
         str(g.local_steps),
     ]
+    if g.max_local_steps is not None:
+        argv += ["--max-local-steps", str(g.max_local_steps)]
     if g.outer_lr is not None:
         argv += ["--outer-lr", str(g.outer_lr), "--outer-momentum", str(g.outer_momentum)]
     if g.gamma is not None:

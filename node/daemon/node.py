@@ -254,6 +254,7 @@ class Node:
             self.counters,
             signals,
             runtime,
+            g.max_local_steps,
         )
         self.joiner = Joiner(
             cfg,

@@ -3,6 +3,9 @@
 Gossip rounds follow the trainer's steps (at least ``local_steps`` apart, and only when the
 links have carried the previous round) and, once the step budget is spent, a slow timer, so that
 a finished node keeps pulling toward the swarm and serving its model until it is stopped.
+With ``max_local_steps`` set, a trainer that reaches that many steps since the last round began
+is held (it waits, taking no steps) until the links can take the next round, so that a fast
+device on a slow link does not wander arbitrarily far from its neighbours between averagings.
 
 The pacing (gossip/mixing.py :class:`RoundPacer`) is shared by the trainer thread, which asks
 after each step, and the event loop, which learns when links go busy or idle; hence the lock.
@@ -48,10 +51,15 @@ class Steps(Protocol):
     @property
     def running(self) -> bool: ...
 
+    def hold(self) -> None: ...
+
+    def release(self) -> None: ...
+
 
 class RoundScheduler:
     """Args:
     local_steps: the least number of steps between two rounds.
+    max_local_steps: the most: the trainer is held there until a round begins. None: no bound.
     worker: makes the rounds.
     links: carries them, and says whether it still carries the last one.
     trainer: the step an idle round is made at, and whether training runs.
@@ -69,6 +77,7 @@ class RoundScheduler:
         counters: Counters,
         signals: Signals,
         runtime: Runtime,
+        max_local_steps: int | None = None,
     ) -> None:
         self.worker = worker
         self.links = links
@@ -78,14 +87,45 @@ class RoundScheduler:
         self.sleep = runtime.sleep
         self.clock = runtime.clock
         self._lock = threading.Lock()
-        self._pacer = RoundPacer(local_steps)
+        self._pacer = RoundPacer(local_steps, max_local_steps)
+        # Whether the trainer is held, and since when (clock seconds); under the lock, with
+        # the trainer's hold and release, so that a release cannot come before its hold.
+        self._holding = False
+        self._held_since = 0.0
 
     def after_step(self, step: int) -> None:
-        """Trainer thread: start a gossip round if one is due and the links can take it."""
+        """Trainer thread: start a gossip round if one is due and the links can take it;
+        hold the trainer if none could begin and the bound on local steps is reached."""
         with self._lock:
             due = self._pacer.due(step)
-        if due:
-            self.try_round(step)
+        if not due or self.try_round(step):
+            return
+        with self._lock:
+            if self._holding or not self._pacer.held(step):
+                return
+            self._holding = True
+            self._held_since = self.clock.now()
+            self.trainer.hold()
+        self._retry_held()  # the links may have gone idle since the round was refused
+
+    @property
+    def holding(self) -> bool:
+        """Whether the trainer waits for the next round (the bound on local steps)."""
+        return self._holding
+
+    def _retry_held(self) -> None:
+        """Begin the round a held trainer waits for, and release it, if the links take it."""
+        if not self._holding or not self.try_round(self.trainer.step):
+            return
+        with self._lock:
+            self._release()
+
+    def _release(self) -> None:
+        """Under the lock: release the trainer, unless another thread's round did already."""
+        if self._holding:
+            self._holding = False
+            self.counters.held_s += self.clock.now() - self._held_since
+            self.trainer.release()
 
     def try_round(self, step: int) -> bool:
         """Start a round unless one is being made or a link is still busy; never blocks.
@@ -108,6 +148,8 @@ class RoundScheduler:
         idle = not self.links.busy
         with self._lock:
             self._pacer.links_idle = idle
+        if idle:
+            self._retry_held()
         if not self.trainer.running:
             self.signals.changed()  # the start of training waits for links to come up
 

@@ -122,6 +122,7 @@ class StatusBuilder:
             eval_age_s=self.clock.now() - ev.time if ev else -1.0,
             rounds=c.rounds,
             rounds_skipped=c.rounds_skipped,
+            held_s=c.held_s,
             bytes_sent=c.bytes_sent,
             bytes_sent_fp32=c.bytes_sent_fp32,
             bytes_received=c.bytes_received,

@@ -210,8 +210,7 @@ class Trainer:
         task: the model must already sit on ``device``, parameters flattened.
         model_lock: shared with whoever else writes the parameters.
         after_step: called from the training thread after every step, with the step number and
-            without the lock; it may block briefly (the node waits there for its last gossip
-            round, local work only, so that gossip keeps pace with training).
+            without the lock; it must not block (it may :meth:`hold` the trainer instead).
         on_eval: called from the training thread after every evaluation: every ``eval_every``
             steps, at the end of the budget, and then every ``idle_eval_interval_s`` until
             stopped.
@@ -262,6 +261,9 @@ class Trainer:
         # Clear while paused: the loop waits for it between two steps.
         self._going = threading.Event()
         self._going.set()
+        # Clear while held (:meth:`hold`): the loop waits for it before its next step.
+        self._released = threading.Event()
+        self._released.set()
         self._thread = threading.Thread(target=self._run, name="trainer", daemon=True)
         self.step = start_step
         self.samples = 0
@@ -289,6 +291,7 @@ class Trainer:
     def request_stop(self) -> None:
         self._stop.set()
         self._going.set()  # a paused loop wakes, and ends
+        self._released.set()  # and so does a held one
 
     def pause(self) -> None:
         """Take no more steps until :meth:`resume` (the step under way ends first). The step
@@ -297,6 +300,15 @@ class Trainer:
 
     def resume(self) -> None:
         self._going.set()
+
+    def hold(self) -> None:
+        """Take no more steps until :meth:`release`: the gossip rounds are behind (the bound
+        on local steps between rounds, node/daemon/rounds.py). Apart from a pause: either
+        keeps the loop waiting, and the status says paused only for a pause."""
+        self._released.clear()
+
+    def release(self) -> None:
+        self._released.set()
 
     @property
     def paused(self) -> bool:
@@ -409,6 +421,9 @@ class Trainer:
                 if not self._going.is_set():
                     self._going.wait()
                     continue  # stopped, or resumed: look again
+                if not self._released.is_set():
+                    self._released.wait()
+                    continue  # stopped, or released: look again
                 began = time.perf_counter()
                 inputs, targets = next(stream)
                 loss = self._train_step(inputs, targets)

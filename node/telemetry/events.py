@@ -37,6 +37,9 @@ class Counters:
     #: Rounds begun but not made: nothing worth its bytes to send (the event trigger), or no
     #: neighbour to send to.
     rounds_skipped: int = 0
+    #: Seconds the trainer was held at the bound on local steps (``--max-local-steps``),
+    #: waiting for its links to take the next round.
+    held_s: float = 0.0
     rejected: Counter[str] = field(default_factory=Counter)
     #: Bytes received, by sender.
     received_from: Counter[str] = field(default_factory=Counter)

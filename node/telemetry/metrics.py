@@ -106,6 +106,11 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
         "Rounds begun but not made: nothing worth its bytes to send, or no neighbour.",
         s.rounds_skipped,
     )
+    counter(
+        "murmur_training_held_seconds",
+        "Seconds the trainer waited at --max-local-steps for its links to take the next round.",
+        s.held_s,
+    )
     counter("murmur_sent_bytes", "Bytes of gossip messages sent.", s.bytes_sent)
     counter(
         "murmur_sent_fp32_equivalent_bytes",

@@ -82,6 +82,9 @@ class NodeStatus:
     relayed_bytes: int = 0
     #: Rounds begun but not made: nothing worth its bytes (the event trigger), or no neighbour.
     rounds_skipped: int = 0
+    #: Seconds the trainer waited at the bound on local steps (``--max-local-steps``) for its
+    #: links to take the next round.
+    held_s: float = 0.0
     #: Behind NAT: the times a relay of this node was found to drop, hold back, alter or replay
     #: what it passed on (node/daemon/dialout.py).
     relay_faults: int = 0
@@ -168,7 +171,8 @@ def format_status(s: NodeStatus) -> str:
     lines = [
         f"node {s.node_id[:12]} at {s.address} ({s.device}, codec {s.codec})",
         f"  step {s.step}{budget}{' (done)' if s.training_done else ''}  "
-        f"{s.samples_per_s:.0f} samples/s  rounds {s.rounds} ({s.rounds_skipped} skipped)",
+        f"{s.samples_per_s:.0f} samples/s  rounds {s.rounds} ({s.rounds_skipped} skipped)"
+        + (f"  held {s.held_s:.1f} s" if s.held_s else ""),
         f"  train_loss {_fmt(s.train_loss, '.4f')}  {eval_summary(s)}",
         f"  sent {fmt_size(s.bytes_sent)} ({100 * s.compression_ratio:.1f}% of fp32)  "
         f"received {fmt_size(s.bytes_received)}",

@@ -91,6 +91,21 @@ def test_the_pacer_waits_for_local_steps_and_idle_links() -> None:
     pacer.end()
     assert not pacer.due(5)
     assert pacer.due(6)
+    assert not pacer.held(1_000)  # no bound: never held
+
+
+def test_a_bounded_pacer_holds_from_the_bound_until_a_round_begins() -> None:
+    pacer = RoundPacer(local_steps=2, max_local_steps=5)
+    assert pacer.begin(2)
+    pacer.end()
+    assert not pacer.held(6)
+    assert pacer.held(7)  # five steps since the round began at step 2
+    pacer.links_idle = False
+    assert not pacer.begin(7)
+    assert pacer.held(7)  # a refused round does not count
+    pacer.links_idle = True
+    assert pacer.begin(7)
+    assert not pacer.held(7)
 
 
 def test_relink_closes_gone_and_moved_neighbours_and_opens_new_ones() -> None:

@@ -67,6 +67,7 @@ async def test_a_scrape_reads_the_nodes_training_gossip_and_membership(tmp_path:
         "murmur_training_samples",
         "murmur_gossip_rounds",
         "murmur_gossip_rounds_skipped",
+        "murmur_training_held_seconds",
         "murmur_relayed_bytes",
         "murmur_relay_faults",
         "murmur_sent_bytes",

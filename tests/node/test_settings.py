@@ -79,6 +79,10 @@ BAD_FLAGS = [
     ({"gossip.gamma": "1.5"}, "--gamma 1.5: must be at most 1"),
     ({"metrics_port": "70000"}, "--metrics-port 70000: must be at most 65535"),
     ({"shard": "3/2"}, "shard 3/2 is out of range"),
+    (
+        {"gossip.local_steps": "4", "gossip.max_local_steps": "2"},
+        "max_local_steps 2 (--max-local-steps 2) is below local_steps 4 (--local-steps 4)",
+    ),
     ({"join": ["127.0.0.1:7070", "nowhere"]}, "'nowhere' is not host:port"),
 ]
 
@@ -88,6 +92,7 @@ LABELS = {
     "threads": "--threads",
     "wait_members": "--wait-members",
     "gossip.local_steps": "--local-steps",
+    "gossip.max_local_steps": "--max-local-steps",
     "wait_timeout_s": "--wait-timeout",
     "gossip.gamma": "--gamma",
     "metrics_port": "--metrics-port",

@@ -139,6 +139,13 @@ def add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         help=flag_help("gossip.local_steps"),
     )
     p.add_argument(
+        "--max-local-steps",
+        dest="gossip.max_local_steps",
+        metavar="H",
+        default=d,
+        help=flag_help("gossip.max_local_steps"),
+    )
+    p.add_argument(
         "--no-trigger",
         dest="gossip.trigger",
         action="store_false",
