@@ -109,7 +109,7 @@ class SimNode:
             public_key=FAKE_PUBLIC_KEY,
         )
         self.view = MemberView(self.swim)
-        self.pacer = RoundPacer(g.local_steps)
+        self.pacer = RoundPacer(g.local_steps, g.max_local_steps)
         self.attack = attack
         outer = OuterNesterov(g.outer_lr, g.outer_momentum) if g.outer_lr else None
         mix = MixConfig(
@@ -263,6 +263,16 @@ class SimNode:
         if not self.training:
             return
         budget = self.sim.cfg.steps
+        if self.pacer.held(self.step):
+            self.try_round()
+            if self.pacer.held(self.step):
+                # Held at the bound on local steps (node/daemon/rounds.py). The daemon is
+                # released the moment its links go idle; here a link turns idle by time as
+                # well as by events, so the node looks again a step's time later: its hold
+                # lasts at most one step longer than the daemon's would.
+                self.counters.held_s += self.step_s
+                self._after(self.step_s, self._local_step)
+                return
         inputs, targets = next(self._batches)
         self.loss = train_step(self.task, self.optimizer, inputs, targets, self.schedule)
         self.step += 1
