@@ -273,6 +273,10 @@ class Trainer:
         self.done = threading.Event()
         self._started_at = 0.0
         self._ended_at = 0.0
+        # Seconds spent paused or held, and when the wait under way began (0: none): they are
+        # no training time, so throughput leaves them out.
+        self._waited_s = 0.0
+        self._waiting_since = 0.0
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -332,10 +336,23 @@ class Trainer:
 
     @property
     def samples_per_s(self) -> float:
-        """Training throughput over wall time, waits included."""
-        end = self._ended_at or time.perf_counter()
-        elapsed = end - self._started_at
+        """Training throughput over the time spent training: a device's own slowness
+        (``step_time``) counts, time paused or held (:meth:`pause`, :meth:`hold`) does not."""
+        now = time.perf_counter()
+        end = self._ended_at or now
+        since = self._waiting_since
+        waited = self._waited_s + (now - since if since and not self._ended_at else 0.0)
+        elapsed = end - self._started_at - waited
         return self.samples / elapsed if self._started_at and elapsed > 0 else 0.0
+
+    def _wait(self, event: threading.Event) -> None:
+        """Wait for ``event`` (a resume, a release, or the stop that sets both), timed."""
+        self._waiting_since = time.perf_counter()
+        try:
+            event.wait()
+        finally:
+            self._waited_s += time.perf_counter() - self._waiting_since
+            self._waiting_since = 0.0
 
     def evaluate(self, after_budget: bool = False) -> EvalResult:
         """Evaluate the model as it is now. A read: under the model lock (so no mixing lands
@@ -419,10 +436,10 @@ class Trainer:
             kept = self.step
             while not self._stop.is_set() and (budget is None or self.step < budget):
                 if not self._going.is_set():
-                    self._going.wait()
+                    self._wait(self._going)
                     continue  # stopped, or resumed: look again
                 if not self._released.is_set():
-                    self._released.wait()
+                    self._wait(self._released)
                     continue  # stopped, or released: look again
                 began = time.perf_counter()
                 inputs, targets = next(stream)

@@ -4,6 +4,7 @@ no step until it is released, and a stop ends it while held."""
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 from torch import nn
@@ -66,3 +67,30 @@ def test_a_stop_ends_a_held_trainer() -> None:
     trainer.join(TIMEOUT_S)
     assert not trainer.running  # the thread ended: join did not time out on a held loop
     assert trainer.step == 3
+
+
+def test_throughput_leaves_out_the_time_held() -> None:
+    """Held for half a second, far longer than ten steps of a tiny model take: samples per
+    second over the training time only comes out well above samples over the whole run."""
+    hold_s = 0.5
+    at_bound = threading.Event()
+
+    def after_step(step: int) -> None:
+        if step == 5:
+            trainer.hold()
+            at_bound.set()
+
+    cfg = TrainerConfig(steps=10, eval_every=100)
+    trainer = Trainer(task(), torch.device("cpu"), threading.Lock(), cfg, after_step=after_step)
+    began = time.perf_counter()
+    trainer.start()
+    try:
+        assert at_bound.wait(TIMEOUT_S)
+        threading.Event().wait(hold_s)  # the hold's length: time passing, not an event awaited
+        trainer.release()
+        assert trainer.done.wait(TIMEOUT_S)
+    finally:
+        trainer.request_stop()
+        trainer.join(TIMEOUT_S)
+    whole = trainer.samples / (time.perf_counter() - began)
+    assert trainer.samples_per_s > 2 * whole, (trainer.samples_per_s, whole)
