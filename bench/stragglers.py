@@ -2,12 +2,16 @@
 without the straggler, all four runs in the same invocation.
 
     python -m bench.stragglers [--nodes 8] [--steps 600] [--step-time 0.02] [--slowdown 5]
+        [--max-local-steps H]
 
 Every node (or all-reduce worker) emulates a device whose step takes ``--step-time`` seconds
 (``murmur run --step-time``), so that eight of them on a two-core machine each keep their own
 pace instead of sharing the cores; the last one is ``--slowdown`` times slower. Throughput is the
 swarm's total: the sum over nodes of samples per second while each trains. Accuracy is each
 node's own evaluation when its step budget is spent (for all-reduce, the one shared model).
+How murmur's local steps between rounds adapted is shown too: each node's steps over the rounds
+it made while it trained, and the seconds it was held at ``--max-local-steps``; with that flag
+given, a fifth run is murmur with the straggler and the bound.
 """
 
 from __future__ import annotations
@@ -26,6 +30,16 @@ from bench.swarms import train_to_the_end
 from node.cli.evaluation import evaluate_run
 from node.cli.swarm import SwarmConfig
 from node.config import GossipConfig
+from node.daemon.statedir import METRICS_FILE
+from node.telemetry.events import read_metrics
+
+
+def steps_per_round(state_dir: Path) -> float:
+    """A node's steps over the rounds it made while it trained: at its last evaluation within
+    the budget (afterwards it makes idle rounds only)."""
+    evals = [r for r in read_metrics(state_dir / METRICS_FILE) if r["event"] == "eval"]
+    last = [r for r in evals if not r["after_budget"]][-1]
+    return float(last["step"]) / max(1, int(last["rounds"]))
 
 
 async def murmur_run(cfg: SwarmConfig, workdir: Path) -> dict[str, Any]:
@@ -37,6 +51,8 @@ async def murmur_run(cfg: SwarmConfig, workdir: Path) -> dict[str, Any]:
         "rates": [s["samples_per_s"] for s in summaries],
         "accuracy": [n.trained_accuracy for n in report.nodes],
         "averaged": report.averaged_accuracy,
+        "per_round": [steps_per_round(d) for d in dirs],
+        "held_s": [s["held_s"] for s in summaries],
     }
 
 
@@ -58,6 +74,7 @@ async def main() -> None:
     parser.add_argument("--slowdown", type=float, default=5.0)
     parser.add_argument("--compress", default="int8")
     parser.add_argument("--target", type=float, default=0.93)
+    parser.add_argument("--max-local-steps", type=int, default=None)
     args = parser.parse_args()
     straggler = {args.nodes - 1: args.slowdown}
     swarm = SwarmConfig(
@@ -83,6 +100,12 @@ async def main() -> None:
             )
             runs["all-reduce", slow] = await allreduce_run(
                 dataclasses.replace(baseline, slowdowns=s), Path(tmp) / f"ar-{tag}"
+            )
+        if args.max_local_steps is not None:
+            bounded = dataclasses.replace(swarm.gossip, max_local_steps=args.max_local_steps)
+            runs["murmur, bounded", True] = await murmur_run(
+                dataclasses.replace(swarm, slowdowns=straggler, gossip=bounded),
+                Path(tmp) / "murmur-bounded",
             )
     wall = time.monotonic() - t0
     print(
@@ -110,6 +133,26 @@ async def main() -> None:
         )
         reached = sum(a >= args.target for a in runs[system, True]["accuracy"][:-1])
         print(f"{system}: {reached}/{args.nodes - 1} fast nodes reached {args.target}")
+    print(
+        "\n| murmur run | steps/round, fast (max) | steps/round, straggler | held s, fast (max) |"
+    )
+    print("|---|---:|---:|---:|")
+    for key, r in runs.items():
+        if "per_round" in r:
+            name = f"{key[0]}, {'one straggler' if key[1] else 'no straggler'}"
+            fast, held = r["per_round"][:-1], r["held_s"][:-1]
+            print(
+                f"| {name} | {statistics.mean(fast):.2f} ({max(fast):.2f}) | "
+                f"{r['per_round'][-1]:.2f} | {statistics.mean(held):.1f} ({max(held):.1f}) |"
+            )
+    if ("murmur, bounded", True) in runs:
+        r = runs["murmur, bounded", True]
+        print(
+            f"\nmurmur with the straggler and --max-local-steps {args.max_local_steps}: "
+            f"{r['samples_per_s']:.0f} samples/s, fast nodes' accuracy (min) "
+            f"{min(r['accuracy'][:-1]):.3f}, straggler {r['accuracy'][-1]:.3f}, "
+            f"averaged {r['averaged']:.3f}"
+        )
 
 
 if __name__ == "__main__":
