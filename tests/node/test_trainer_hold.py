@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -23,20 +24,34 @@ def task() -> Task:
     return Task(model=nn.Linear(5, 3), train=data, eval=data, batch_size=16)
 
 
-def test_a_held_trainer_takes_its_next_step_only_after_its_release() -> None:
-    at_bound, released = threading.Event(), threading.Event()
-    released_by_step_6: list[bool] = []
+def held_at(
+    at: int, steps: int, then: Callable[[int], None] = lambda step: None
+) -> tuple[Trainer, threading.Event]:
+    """A started trainer of ``steps`` that holds itself after step ``at``, from its own thread
+    as the scheduler does; the event is set once it did. ``then`` sees every step after."""
+    at_bound = threading.Event()
 
-    def after_step(step: int) -> None:  # on the trainer's thread, as the scheduler holds it
-        if step == 5:
+    def after_step(step: int) -> None:
+        if step == at:
             trainer.hold()
             at_bound.set()
-        elif step == 6:
-            released_by_step_6.append(released.is_set())
+        then(step)
 
-    cfg = TrainerConfig(steps=10, eval_every=100)
+    cfg = TrainerConfig(steps=steps, eval_every=10 * steps)
     trainer = Trainer(task(), torch.device("cpu"), threading.Lock(), cfg, after_step=after_step)
     trainer.start()
+    return trainer, at_bound
+
+
+def test_a_held_trainer_takes_its_next_step_only_after_its_release() -> None:
+    released = threading.Event()
+    released_by_step_6: list[bool] = []
+
+    def then(step: int) -> None:
+        if step == 6:
+            released_by_step_6.append(released.is_set())
+
+    trainer, at_bound = held_at(5, 10, then)
     try:
         assert at_bound.wait(TIMEOUT_S)
         released.set()
@@ -52,16 +67,7 @@ def test_a_held_trainer_takes_its_next_step_only_after_its_release() -> None:
 
 
 def test_a_stop_ends_a_held_trainer() -> None:
-    at_bound = threading.Event()
-
-    def after_step(step: int) -> None:
-        if step == 3:
-            trainer.hold()
-            at_bound.set()
-
-    cfg = TrainerConfig(steps=1_000, eval_every=10_000)
-    trainer = Trainer(task(), torch.device("cpu"), threading.Lock(), cfg, after_step=after_step)
-    trainer.start()
+    trainer, at_bound = held_at(3, 1_000)
     assert at_bound.wait(TIMEOUT_S)
     trainer.request_stop()
     trainer.join(TIMEOUT_S)
@@ -73,17 +79,8 @@ def test_throughput_leaves_out_the_time_held() -> None:
     """Held for half a second, far longer than ten steps of a tiny model take: samples per
     second over the training time only comes out well above samples over the whole run."""
     hold_s = 0.5
-    at_bound = threading.Event()
-
-    def after_step(step: int) -> None:
-        if step == 5:
-            trainer.hold()
-            at_bound.set()
-
-    cfg = TrainerConfig(steps=10, eval_every=100)
-    trainer = Trainer(task(), torch.device("cpu"), threading.Lock(), cfg, after_step=after_step)
     began = time.perf_counter()
-    trainer.start()
+    trainer, at_bound = held_at(5, 10)
     try:
         assert at_bound.wait(TIMEOUT_S)
         threading.Event().wait(hold_s)  # the hold's length: time passing, not an event awaited
