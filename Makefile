@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_FLAGS ?=
 
 .PHONY: venv demo check lint types test test-fast test-e2e test-testbed protos bench clean \
-	testbed testbed-down testbed-report testbed-wheelhouse
+	testbed testbed-swarm testbed-down testbed-report testbed-wheelhouse
 
 $(STAMP): pyproject.toml constraints/dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -51,6 +51,10 @@ test-testbed: $(STAMP)
 # Build, bring up and watch the testbed (docker/README.md); NODES=5 for more nodes.
 testbed:
 	bash scripts/testbed up
+
+# The same nodes in Docker Swarm mode (docker stack deploy of docker/stack.yml), a volume per task.
+testbed-swarm:
+	bash scripts/testbed swarm
 
 testbed-report:
 	bash scripts/testbed report

@@ -62,8 +62,11 @@ TOPOLOGY_NAMES = ("ring", "exponential", "random-regular")
 ATTACKS = ("scale", "flip", "random", "huge", "spike")
 ENV_PREFIX = "MURMUR_"
 #: Variables with the prefix that are not settings: the testbed's (its entry point reads
-#: MURMUR_NAME, docker/compose.yml MURMUR_IMAGE).
-ENV_NOT_SETTINGS = frozenset({"MURMUR_NAME", "MURMUR_IMAGE"})
+#: MURMUR_NAME, and in Swarm mode MURMUR_CERTS and MURMUR_CERTS_TIMEOUT; docker/compose.yml
+#: and docker/stack.yml MURMUR_IMAGE).
+ENV_NOT_SETTINGS = frozenset(
+    {"MURMUR_NAME", "MURMUR_IMAGE", "MURMUR_CERTS", "MURMUR_CERTS_TIMEOUT"}
+)
 
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
