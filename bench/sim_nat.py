@@ -12,7 +12,8 @@ mixing's own; ``--train`` trains as well.
 
 Measured, beside the run with everyone reachable: rounds until the consensus distance fell
 100x and 10⁴x, gossip and membership bytes per node, and the membership bytes relays passed
-on, per node and per reachable node (who carries them).
+on, per node and per reachable node (who carries them), and of what was relayed for a node, the
+share its busiest relay carried (1.0 if one relay carried all).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from bench.sim_scaling import config
 HEADER = (
     "| topology | N | behind NAT | rounds to CD/100 | vs all | rounds to CD/10⁴ | vs all | "
     "gossip KiB / node | membership KiB / node | relayed KiB / node | "
-    "relayed KiB / reachable node | rounds | wall s |\n"
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "relayed KiB / reachable node | busiest relay's share | rounds | wall s |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -52,6 +53,7 @@ def row(n: int, topology: str, share: float, r: dict[str, Any], base: dict[str, 
         f"| {topology} | {n} | {share:.0%} | {r100} | {v100} | {r10k} | {v10k} | "
         f"{last['bytes_per_node'] / 1024:.0f} | {last['swim_bytes_per_node'] / 1024:.1f} | "
         f"{relayed / 1024:.1f} | {relayed * n / reachable / 1024:.1f} | "
+        f"{last.get('busiest_relay_share', 0.0):.2f} | "
         f"{last['rounds_per_node']:.0f} | {r['wall_s']:.0f} |"
     )
 

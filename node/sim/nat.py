@@ -10,6 +10,7 @@ node's edges, which it opened itself.
 from __future__ import annotations
 
 import random
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from gossip.relays import RELAYS
@@ -25,8 +26,21 @@ class Reachability:
     def __init__(self, share: float, seed: int) -> None:
         self.share = share
         self._rng = random.Random(seed + 3)
-        #: Membership bytes relays passed on, over the whole run.
+        #: Membership bytes relays passed on, over the whole run; and by node behind NAT and
+        #: relay.
         self.relayed_bytes = 0
+        self.relayed_by: dict[str, Counter[str]] = defaultdict(Counter)
+
+    def relayed(self, node: str, relay: str, nbytes: int) -> None:
+        self.relayed_bytes += nbytes
+        self.relayed_by[node][relay] += nbytes
+
+    def busiest_relay_share(self) -> float:
+        """Of the membership bytes relayed for a node, the share its busiest relay carried,
+        averaged over the nodes that had any relayed (1.0: one relay carries all; 0.0: none
+        relayed)."""
+        shares = [max(c.values()) / total for c in self.relayed_by.values() if (total := c.total())]
+        return sum(shares) / len(shares) if shares else 0.0
 
     def initial(self, count: int) -> frozenset[int]:
         """The indexes of the initial nodes behind NAT."""

@@ -27,6 +27,7 @@ import torch
 from gossip.clock import ManualClock
 from gossip.codecs import get_codec
 from gossip.events import EventQueue, LinkLatency, Network
+from gossip.relays import relay_order
 from gossip.simulate import consensus_distance
 from gossip.swim import SwimMessage
 from node.daemon.flat import FlatParams
@@ -74,6 +75,8 @@ class Sample:
     evicted_attackers: int = 0
     #: Membership bytes relays passed on for nodes behind NAT, over every node slot.
     relayed_bytes_per_node: float = 0.0
+    #: Of the bytes relayed for a node behind NAT, the share its busiest relay carried (mean).
+    busiest_relay_share: float = 0.0
     #: Nodes behind NAT among the live ones.
     behind_nat: int = 0
     #: Nodes paused now (SimConfig.paused_fraction); the other figures leave them out.
@@ -253,14 +256,16 @@ class Simulation:
         self, src: str, dst: str, relays: tuple[str, ...], nbytes: int, message: SwimMessage
     ) -> None:
         """A membership message for a node behind NAT, through the first of its relays that
-        is up (a relay that is down refuses the connection at once); lost when none is."""
-        relay = next((r for r in relays if self.live_node(r) is not None), None)
+        is up in the sender's own order (``relay_order``, as the daemon's; a relay that is down
+        refuses the connection at once); lost when none is."""
+        order = relay_order(relays, dst, None, src.encode())
+        relay = next((r for r in order if self.live_node(r) is not None), None)
         if relay is None:
             return
 
         def at_relay() -> None:
             if self.live_node(relay) is not None:
-                self.nat.relayed_bytes += nbytes
+                self.nat.relayed(dst, relay, nbytes)
                 self.network.send(relay, dst, nbytes, self.swim_delivery(dst, message))
 
         self.network.send(src, relay, nbytes, at_relay)
@@ -478,6 +483,7 @@ class Simulation:
             events=self.events.processed,
             partial_views=self.partial_views(),
             relayed_bytes_per_node=self.nat.relayed_bytes / slots,
+            busiest_relay_share=self.nat.busiest_relay_share(),
             behind_nat=sum(n.behind_nat for n in live),
             paused=sum(n.paused for n in everyone),
             **self._evictions(live),

@@ -17,6 +17,10 @@ the node finds out when it does:
   its answer carry no certificate (the relay checks it against the one the node proved when it
   opened the session, and the node knows its own), which keeps them to about 200 bytes.
 
+Each member keeps to the relay that passed its last call on for a node, and before that prefers
+the node's relays in an order of its own (``gossip.relays.relay_order``): so the members' calls
+spread over a node's relays instead of all going through the first one its record names.
+
 A relay can tell a node's probes from other calls (a probe names its method; other calls carry
 their maker's certificate): the probes catch relays that fail or misbehave toward the node,
 while a relay that drops other members' calls only is left by those members, who try the

@@ -22,6 +22,7 @@ import grpc.aio
 
 from gossip.clock import Clock
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
+from gossip.relays import relay_order
 from gossip.swim import SwimMessage
 from node.runtime import SystemClock
 from node.security.penalties import Penalties
@@ -192,6 +193,7 @@ class GrpcTransport:
         self.forwarder = Forwarder(self.cfg.tls)
         #: The relay that last passed a call on for each such address: tried first next time.
         self._last_relay: dict[str, str] = {}
+        self._relay_salt = os.urandom(16)  # this node's own order of every node's relays
 
     @property
     def penalties(self) -> Penalties | None:
@@ -372,10 +374,11 @@ class GrpcTransport:
     ) -> str:
         """A membership call for a member nobody can dial, through the first of its relays
         that passes it on and brings back the member's own answer (the one that did last time
-        first); each try signed and numbered afresh, so that no relay can alter or replay it."""
+        first, then in this node's own order: ``relay_order``); each try signed and numbered
+        afresh, so that no relay can alter or replay it."""
         message = request.SerializeToString()
         last = self._last_relay.get(address)
-        order = sorted(route.relays, key=lambda r: r != last)
+        order = relay_order(route.relays, address, last, self._relay_salt)
         failure: Rejected | Unreachable = Unreachable(f"{address}: no relay answered")
         for relay in order:
             try:

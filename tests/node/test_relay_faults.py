@@ -15,6 +15,7 @@ from typing import Any
 import grpc.aio
 import pytest
 
+from gossip.relays import relay_order
 from gossip.swim import Kind, SwimMessage
 from node.daemon.dialout import DialOut
 from node.runtime import Runtime
@@ -116,7 +117,13 @@ async def relayed(tmp_path: Path) -> AsyncIterator[Relayed]:
         assert await dialout.open(address, 10)
     assert dialout.relays == tuple(sorted(addresses))
     behind_id = node_id_of_cert(tls["behind"].cert_pem)
-    other.set_routes({UNDIALLABLE: Route(behind_id, tuple(addresses))})  # the bad one first
+    other.set_routes({UNDIALLABLE: Route(behind_id, tuple(addresses))})
+    # The other member tries the bad relay first (its own order of the node's relays).
+    other._relay_salt = next(
+        salt
+        for salt in (bytes([k]) for k in range(256))
+        if relay_order(addresses, UNDIALLABLE, None, salt)[0] == addresses[0]
+    )
     named.clear()
     yield Relayed(
         behind,

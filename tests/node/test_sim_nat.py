@@ -55,6 +55,8 @@ def test_nodes_behind_nat_get_dialable_neighbours_and_are_reached_through_relays
             assert record is not None
             assert record.relays == relays
     assert last.relayed_bytes_per_node > 0
+    # Members try a node's relays each in an order of its own: no one relay carries it all.
+    assert 0.5 <= last.busiest_relay_share < 0.95
     assert last.partial_views == 0
     assert last.relative_distance < CFG.consensus_threshold
 
@@ -65,6 +67,7 @@ def test_all_reachable_relays_nothing() -> None:
     last = sim.samples[-1]
     assert last.behind_nat == 0
     assert last.relayed_bytes_per_node == 0
+    assert last.busiest_relay_share == 0
     assert all(not n.swim.relays for n in sim.nodes.values())
 
 
