@@ -19,11 +19,13 @@ __all__ = [
     "TOPOLOGIES",
     "Graph",
     "build",
+    "crosses",
     "exponential",
     "metropolis_hastings",
     "mixing_matrix",
     "random_regular",
     "reachable_graph",
+    "regional",
     "ring",
     "spectral_gap",
 ]
@@ -238,6 +240,41 @@ def _build(kind: str, order: tuple[NodeId, ...], degree: int, seed: int) -> Grap
             k = max(k, 2)
         return random_regular(order, k, seed)
     raise ValueError(f"unknown topology {kind!r}; known: {', '.join(TOPOLOGIES)}")
+
+
+def regional(region_of: Mapping[NodeId, str], bridges: int = 2) -> Graph:
+    """Most edges inside a region, a few across (HALoS's local groups, Kim et al. 2025).
+
+    Inside each region its members form the exponential graph. Between each two regions,
+    ``bridges`` edges (fewer when a region has fewer members), each joining a member of one to a
+    member of the other, distinct members on each side, picked in an order hashed from the two
+    regions' names, so that the load of bridging spreads over the members and every member
+    holding the same view picks the same ones. Connected whenever every region is.
+    """
+    if bridges < 1:
+        raise ValueError(f"bridges is {bridges}: expected at least 1")
+    order = _ring_order(region_of)
+    members: dict[str, list[NodeId]] = {}
+    for node in order:
+        members.setdefault(region_of[node], []).append(node)
+    adj: dict[NodeId, set[NodeId]] = {i: set() for i in order}
+    for group in members.values():
+        for i, js in exponential(group).adj.items():
+            adj[i].update(js)
+    names = sorted(members)
+    for a_pos, a in enumerate(names):
+        for b in names[a_pos + 1 :]:
+            side_a = _by_rank(f"{a}|{b}", tuple(members[a]))
+            side_b = _by_rank(f"{a}|{b}", tuple(members[b]))
+            for i, j in zip(side_a[:bridges], side_b[:bridges], strict=False):
+                adj[i].add(j)
+                adj[j].add(i)
+    return Graph(order, {i: frozenset(js) for i, js in adj.items()})
+
+
+def crosses(region_of: Mapping[NodeId, str], i: NodeId, j: NodeId) -> bool:
+    """Whether the edge (i, j) joins two regions."""
+    return region_of[i] != region_of[j]
 
 
 #: Reachable neighbours each unreachable node gets at least (fewer when fewer are reachable).
