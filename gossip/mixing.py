@@ -59,10 +59,13 @@ def mix(
     weights: Mapping[NodeId, float],
     outer: OuterNesterov | None = None,
 ) -> None:
-    """x += γ Σ_j w_ij (x̂_j - x̂_i), then the outer step if there is one; in place."""
-    state.consensus_step(x, gamma, weights)
+    """The outer step on the local steps' change if there is one, then x += γ Σ_j w_ij (x̂_j -
+    x̂_i); in place."""
     if outer is not None:
         outer.step(x)
+    state.consensus_step(x, gamma, weights)
+    if outer is not None:
+        outer.rebase(x)
 
 
 def send_and_mix(
@@ -210,7 +213,8 @@ class Mixer:
     Not thread-safe, like the state: the daemon calls it on its gossip worker only.
 
     Args:
-        outer: DiLoCo's outer step after each round's mix (None: plain gossip).
+        outer: DiLoCo's outer step on each round's local change, before its mix (None: plain
+            gossip).
         attack_generator: the randomness of the ``random``, ``huge`` and ``spike`` attacks.
         budget: the node's byte budget (gossip/budget.py): while it is ahead of its allowance,
             only heartbeat rounds are made. Needs ``cfg.trigger``. The links spend it.
@@ -279,7 +283,8 @@ class Mixer:
     ) -> Round | None:
         """One round: q = Q(target - x̂), x̂ += q, then the mix into ``x`` (CHOCO-Gossip,
         Koloskova et al. 2019, Algorithm 1, made asynchronous; ClippedGossip's mix with
-        ``robust``, He et al. 2022; DiLoCo's outer step after it, Douillard et al. 2023). The
+        ``robust``, He et al. 2022; DiLoCo's outer step before it, on the local steps' change,
+        Douillard et al. 2023). The
         target is ``x``, or for an attacker what it publishes instead. None without neighbours
         (a new neighbour starts from a snapshot, so skipping costs nothing), and None when the
         trigger finds the round not worth its bytes: then nothing changes (x - x̂ keeps the
@@ -330,11 +335,13 @@ class Mixer:
         went_silent, spoke_again = self._note_silence(neighbours, weights)
         with guard:
             if self.scores is not None:
+                if self.outer is not None:
+                    self.outer.step(x)
                 clipped_consensus_step(
                     state, x, cfg.gamma, weights, cfg.byzantine_fraction, self._evicted
                 )
                 if self.outer is not None:
-                    self.outer.step(x)
+                    self.outer.rebase(x)
             else:
                 mix(state, x, cfg.gamma, weights, self.outer)
             after = x.clone() if self.trigger is not None else None

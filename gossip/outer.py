@@ -2,11 +2,18 @@
 
 DiLoCo (Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models",
 2023, Algorithm 1) treats the change of the model over a communication round as a
-pseudo-gradient and applies Nesterov momentum to it. Here a round is one gossip round: the
-pseudo-gradient is g = anchor - x, where the anchor is the model after the previous round and x
-the model after this round's local steps and mixing; then
+pseudo-gradient and applies Nesterov momentum to it. Here a round is one gossip round, and the
+pseudo-gradient is what this node's own local steps did since the last round: g = anchor - x,
+where the anchor is the model just after the previous round's mix and x the model before this
+round's. Then
 
-    v = μ v + g,    x = anchor - η (g + μ v),    anchor = x.
+    v = μ v + g,    x = anchor - η (g + μ v),
+
+then the mix, and the anchor becomes the mixed model (:meth:`OuterNesterov.rebase`). DiLoCo
+averages the pseudo-gradients before the outer step; here mixing does the averaging, and the
+momentum is kept out of it: a mix moved through the momentum too would be amplified up to
+η (1 + μ) / (1 - μ) times (13 at DiLoCo's 0.7 and 0.9), far past what consensus stays stable
+at (measured in bench/RESULTS.md: at one local step between rounds the swarm diverged).
 
 With η = 1 and μ = 0 this is the identity: plain gossip.
 """
@@ -33,7 +40,8 @@ class OuterNesterov:
         self._velocity: torch.Tensor | None = None
 
     def step(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply one outer step to ``x`` in place (the first call only sets the anchor)."""
+        """Apply one outer step to ``x`` in place, before the round's mix (the first call only
+        sets the anchor); :meth:`rebase` after the mix."""
         if self._anchor is None or self._velocity is None:
             self._anchor = x.detach().clone()
             self._velocity = torch.zeros_like(self._anchor)
@@ -43,3 +51,8 @@ class OuterNesterov:
         x.copy_(self._anchor - self.lr * (g + self.momentum * self._velocity))
         self._anchor.copy_(x)
         return x
+
+    def rebase(self, x: torch.Tensor) -> None:
+        """The round's mix moved the model to ``x``: the next pseudo-gradient starts there."""
+        if self._anchor is not None:
+            self._anchor.copy_(x)

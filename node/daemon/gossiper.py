@@ -59,7 +59,7 @@ class Gossiper:
     byzantine_fraction: δ of the clipping radius, with ``robust``.
     attack: testing only: publish a harmful target (see ``GossipConfig.attack``) instead of
         the model, through valid deltas, and do not mix.
-    outer: DiLoCo's outer step after each round (None: plain gossip).
+    outer: DiLoCo's outer step on each round's local change, before the mix (None: plain gossip).
     trigger: make a round only when it is worth its bytes (gossip/trigger.py); None: always.
     budget: the byte budget (gossip/budget.py): heartbeats only while it is ahead of its
         allowance. Needs ``trigger``.

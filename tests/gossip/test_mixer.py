@@ -136,7 +136,7 @@ def test_robust_rounds_evict_and_clip_the_attacker_and_plain_ones_follow_it() ->
     assert min(float(px[i].mean()) for i in honest) > 3 * start  # dragged toward z's 10x
 
 
-def test_the_outer_step_runs_after_the_mix_and_is_the_identity_at_lr_one() -> None:
+def test_the_outer_step_is_the_identity_at_lr_one() -> None:
     def after_rounds(outer: OuterNesterov | None) -> torch.Tensor:
         clock = ManualClock()
         s = state(clock, torch.zeros(DIM), codec="fp32")
@@ -152,6 +152,42 @@ def test_the_outer_step_runs_after_the_mix_and_is_the_identity_at_lr_one() -> No
     plain = after_rounds(None)
     assert torch.equal(after_rounds(OuterNesterov(1.0, 0.0)), plain)
     assert not torch.allclose(after_rounds(OuterNesterov(0.7, 0.9)), plain)
+
+
+def test_the_outer_step_moves_the_local_change_and_leaves_the_mix_alone() -> None:
+    """No local steps at all: the rounds only mix, and the outer step must not amplify that
+    (its momentum on the mix is what made swarms diverge)."""
+
+    def after_rounds(outer: OuterNesterov | None) -> torch.Tensor:
+        clock = ManualClock()
+        s = state(clock, torch.zeros(DIM), codec="fp32")
+        s.set_peers(frozenset({"a"}))
+        s.receive_snapshot("a", 1, 0, torch.ones(DIM))
+        mixer = Mixer(s, MixConfig(gamma=0.5, silence_limit_s=5.0), outer)
+        x = torch.zeros(DIM)
+        for _ in range(4):
+            mixer.round(x)
+        return x
+
+    assert torch.equal(after_rounds(OuterNesterov(0.7, 0.9)), after_rounds(None))
+
+    # one local step of +1 between the first two rounds: the outer step makes it
+    # 0.7 * (1 + 0.9) = 1.33 before the mix pulls the model halfway to the neighbour's 1
+    clock = ManualClock()
+    s = state(clock, torch.zeros(DIM), codec="fp32")
+    s.set_peers(frozenset({"a"}))
+    s.receive_snapshot("a", 1, 0, torch.ones(DIM))
+    mixer = Mixer(s, MixConfig(gamma=1.0, silence_limit_s=5.0), OuterNesterov(0.7, 0.9))
+    x = torch.zeros(DIM)
+    mixer.round(x)  # sets the anchor, then mixes
+    mixed = x.clone()
+    x += 1.0
+    made = mixer.round(x)
+    assert made is not None
+    w = made.weights["a"]
+    public = mixed + 1.0  # x̂ after this round's delta (fp32 sends it exactly)
+    expected = mixed + 1.33 + w * (torch.ones(DIM) - public)
+    assert torch.allclose(x, expected, atol=1e-5)
 
 
 def test_dropping_a_neighbour_drops_its_replica_and_its_decisions() -> None:
