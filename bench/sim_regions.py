@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -118,23 +117,15 @@ def main() -> None:
         region_of = {i: f"region-{k // size}" for k, i in enumerate(ids)}
         init = initial(ids, args.dim)
         flat, regions = exponential(ids), regional(region_of)
-        runs: list[tuple[str, Callable[[], tuple[str, ...]]]] = [
-            ("flat, lock-step", lambda: run(flat, init, region_of, "int8", 1, args.slower, args)),
-            (
-                "flat, per-link pace",
-                lambda: run(flat, init, region_of, "int8", args.slower, 1, args),
-            ),
-            (
-                "regions, int8 across",
-                lambda: run(regions, init, region_of, "int8", args.slower, 1, args),
-            ),
-            (
-                "regions, sign across",
-                lambda: run(regions, init, region_of, "sign", sign_period, 1, args),
-            ),
+        variants: list[tuple[str, Graph, str, int, int]] = [  # across, its period, units/round
+            ("flat, lock-step", flat, "int8", 1, args.slower),
+            ("flat, per-link pace", flat, "int8", args.slower, 1),
+            ("regions, int8 across", regions, "int8", args.slower, 1),
+            ("regions, sign across", regions, "sign", sign_period, 1),
         ]
-        for name, fn in runs:
-            print(f"| {n} | {name} | " + " | ".join(fn()) + " |", flush=True)
+        for name, graph, across, period, units in variants:
+            cells = run(graph, init, region_of, across, period, units, args)
+            print(f"| {n} | {name} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
