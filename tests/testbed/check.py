@@ -35,7 +35,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -268,6 +268,24 @@ def member(status: dict[str, Any], node_id: str) -> dict[str, Any] | None:
     return next((m for m in status["members"] if m["node_id"] == node_id), None)
 
 
+def rejoined(
+    board: Board, node_id: str, others: Iterable[str], since: float, incarnation: int
+) -> bool:
+    """Whether ``node_id``, back since ``since`` (wall-clock), has gossiped since, every one of
+    ``others`` lists it alive with an incarnation above ``incarnation``, and one mixes with it."""
+    mine = [s for s in board.statuses[node_id] if s["time"] > since and s["online"]]
+    if not mine or mine[-1]["rounds"] == 0 or not mine[-1]["neighbours"]:
+        return False  # it has not gossiped since it came back
+    others = list(others)
+    views = [member(board.last(i), node_id) for i in others]
+    return all(
+        m is not None and m["status"] == "alive" and m["incarnation"] > incarnation for m in views
+    ) and any(
+        any(n["node_id"] == node_id and n["in_mix"] for n in board.last(i)["neighbours"])
+        for i in others
+    )
+
+
 @dataclass
 class Run:
     """One run of the testbed, phase by phase; each phase checks what it is about."""
@@ -424,20 +442,11 @@ class Run:
         check(step > 0, f"{self.victim} started again from step 0, not from its checkpoint")
         check(step >= saved, f"{self.victim} resumed at step {step}, before its checkpoint {saved}")
 
-        def rejoined() -> bool:
-            mine = [s for s in board.statuses[vid] if s["time"] > restarted_at and s["online"]]
-            if not mine or mine[-1]["rounds"] == 0 or not mine[-1]["neighbours"]:
-                return False  # it has not gossiped since it came back
-            views = [member(self.last(i), vid) for i in others]
-            return all(
-                m is not None and m["status"] == "alive" and m["incarnation"] > incarnation
-                for m in views
-            ) and any(
-                any(n["node_id"] == vid and n["in_mix"] for n in self.last(i)["neighbours"])
-                for i in others
-            )
-
-        await board.wait(rejoined, f"{self.victim} to rejoin and gossip again", cfg.event_timeout_s)
+        await board.wait(
+            lambda: rejoined(board, vid, others, restarted_at, incarnation),
+            f"{self.victim} to rejoin and gossip again",
+            cfg.event_timeout_s,
+        )
         first = next(s for s in board.statuses[vid] if s["time"] > restarted_at)
         check(first["step"] >= step, f"{self.victim}'s first status after it came back: {first}")
         self.say(f"{self.victim} resumed at step {step} and rejoined: all list it alive, gossiping")

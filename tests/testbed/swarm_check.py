@@ -47,6 +47,7 @@ from tests.testbed.check import (
     logs,
     member,
     poll,
+    rejoined,
     run,
 )
 
@@ -183,20 +184,11 @@ class SwarmRun:
         check(again.name == VICTIM, f"the new task of {VICTIM}'s slot calls itself {again.name}")
         self.nodes[VICTIM] = again
 
-        def rejoined() -> bool:
-            mine = [s for s in board.statuses[vid] if s["time"] > killed_at and s["online"]]
-            if not mine or mine[-1]["rounds"] == 0 or not mine[-1]["neighbours"]:
-                return False  # it has not gossiped since it came back
-            views = [member(self.last(i), vid) for i in others]
-            return all(
-                m is not None and m["status"] == "alive" and m["incarnation"] > incarnation
-                for m in views
-            ) and any(
-                any(n["node_id"] == vid and n["in_mix"] for n in self.last(i)["neighbours"])
-                for i in others
-            )
-
-        await board.wait(rejoined, f"{VICTIM} to rejoin and gossip again", cfg.event_timeout_s)
+        await board.wait(
+            lambda: rejoined(board, vid, others, killed_at, incarnation),
+            f"{VICTIM} to rejoin and gossip again",
+            cfg.event_timeout_s,
+        )
         self.say(f"Swarm restarted {VICTIM}: same id, resumed at step {step}, rejoined")
         self.summary |= {"killed_after_step": reported, "checkpoint_step": saved}
         self.summary["resumed_at_step"] = step
