@@ -8,10 +8,11 @@ several H, eval loss against bytes sent, with real node processes.
 Each setting is a swarm of ``--nodes`` ``murmur run`` processes on loopback (as ``murmur
 swarm`` starts them), each training ``--steps`` local steps on its own shard and gossiping at
 most every H steps, with DiLoCo's outer Nesterov step (Douillard et al. 2023; gossip/outer.py)
-on each round's change of the model. The simulator does not model the outer step, hence real
-processes. Every node evaluates ``--points`` times; the curve is the nodes' mean eval loss
-against their mean bytes sent. At the end the nodes' final checkpoints are averaged and that
-model evaluated (node/cli/evaluation.py), as ``murmur swarm`` reports it.
+on what each node's local steps changed since its last round. bench/sim_outer.py measures the
+same step in the simulator; this is the text task with real processes. Every node evaluates
+``--points`` times; the curve is the nodes' mean eval loss against their mean bytes sent. At
+the end the nodes' final checkpoints are averaged and that model evaluated
+(node/cli/evaluation.py), as ``murmur swarm`` reports it.
 """
 
 from __future__ import annotations
