@@ -136,13 +136,17 @@ def test_robust_rounds_evict_and_clip_the_attacker_and_plain_ones_follow_it() ->
     assert min(float(px[i].mean()) for i in honest) > 3 * start  # dragged toward z's 10x
 
 
+def one_neighbour(outer: OuterNesterov | None, gamma: float = 0.5) -> tuple[Mixer, GossipState]:
+    """A node at zero whose one neighbour, ``a``, sits at one (fp32: copies are exact)."""
+    s = state(ManualClock(), torch.zeros(DIM), codec="fp32")
+    s.set_peers(frozenset({"a"}))
+    s.receive_snapshot("a", 1, 0, torch.ones(DIM))
+    return Mixer(s, MixConfig(gamma=gamma, silence_limit_s=5.0), outer), s
+
+
 def test_the_outer_step_is_the_identity_at_lr_one() -> None:
     def after_rounds(outer: OuterNesterov | None) -> torch.Tensor:
-        clock = ManualClock()
-        s = state(clock, torch.zeros(DIM), codec="fp32")
-        s.set_peers(frozenset({"a"}))
-        s.receive_snapshot("a", 1, 0, torch.ones(DIM))
-        mixer = Mixer(s, MixConfig(gamma=0.5, silence_limit_s=5.0), outer)
+        mixer, _ = one_neighbour(outer)
         x = torch.zeros(DIM)
         for k in range(3):
             x += 0.1 * (k + 1)  # some local steps
@@ -159,11 +163,7 @@ def test_the_outer_step_moves_the_local_change_and_leaves_the_mix_alone() -> Non
     (its momentum on the mix is what made swarms diverge)."""
 
     def after_rounds(outer: OuterNesterov | None) -> torch.Tensor:
-        clock = ManualClock()
-        s = state(clock, torch.zeros(DIM), codec="fp32")
-        s.set_peers(frozenset({"a"}))
-        s.receive_snapshot("a", 1, 0, torch.ones(DIM))
-        mixer = Mixer(s, MixConfig(gamma=0.5, silence_limit_s=5.0), outer)
+        mixer, _ = one_neighbour(outer)
         x = torch.zeros(DIM)
         for _ in range(4):
             mixer.round(x)
@@ -173,11 +173,7 @@ def test_the_outer_step_moves_the_local_change_and_leaves_the_mix_alone() -> Non
 
     # one local step of +1 between the first two rounds: the outer step makes it
     # 0.7 * (1 + 0.9) = 1.33 before the mix pulls the model halfway to the neighbour's 1
-    clock = ManualClock()
-    s = state(clock, torch.zeros(DIM), codec="fp32")
-    s.set_peers(frozenset({"a"}))
-    s.receive_snapshot("a", 1, 0, torch.ones(DIM))
-    mixer = Mixer(s, MixConfig(gamma=1.0, silence_limit_s=5.0), OuterNesterov(0.7, 0.9))
+    mixer, _ = one_neighbour(OuterNesterov(0.7, 0.9), gamma=1.0)
     x = torch.zeros(DIM)
     mixer.round(x)  # sets the anchor, then mixes
     mixed = x.clone()
