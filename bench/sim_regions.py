@@ -31,6 +31,7 @@ import torch
 
 from gossip.codecs import Codec, get_codec
 from gossip.pairwise import Edge, PairwiseSwarm
+from gossip.simulate import rounds_to_consensus
 from gossip.topology import Graph, crosses, exponential, regional
 
 HEADER = (
@@ -69,13 +70,7 @@ def run(
 
     started = time.perf_counter()
     swarm = PairwiseSwarm(graph, init, codec_of, 0.8, period_of, gamma_of=gamma_of)
-    target = swarm.consensus_distance() / args.factor
-    reached = None
-    for r in range(1, args.max_rounds + 1):
-        swarm.round()
-        if swarm.consensus_distance() <= target:
-            reached = r
-            break
+    reached = rounds_to_consensus(swarm, args.factor, args.max_rounds)
     n = len(init)
     cross = [e for e in swarm.edges if crosses(region_of, *e)]
     across_bytes = sum(swarm.bytes_by_edge[e] for e in cross) / n

@@ -29,7 +29,7 @@ import torch
 
 from gossip.codecs import get_codec
 from gossip.pushsum import in_flight
-from gossip.simulate import PushSumSwarm, SyncSwarm
+from gossip.simulate import PushSumSwarm, SyncSwarm, rounds_to_consensus
 from gossip.topology import build
 
 HEADER = (
@@ -47,12 +47,8 @@ def run_choco(
     codec: str, gamma: float, init: dict[str, torch.Tensor], args: argparse.Namespace
 ) -> tuple[int | None, float]:
     swarm = SyncSwarm(build("exponential", list(init)), init, get_codec(codec), gamma)
-    target = swarm.consensus_distance() / args.factor
-    for r in range(1, args.max_rounds + 1):
-        swarm.round()
-        if swarm.consensus_distance() <= target:
-            return r, swarm.bytes_sent / len(init)
-    return None, swarm.bytes_sent / len(init)
+    reached = rounds_to_consensus(swarm, args.factor, args.max_rounds)
+    return reached, swarm.bytes_sent / len(init)
 
 
 def run_pushsum(
@@ -60,13 +56,7 @@ def run_pushsum(
 ) -> tuple[int | None, float]:
     swarm = PushSumSwarm(init, kind, fanout=fanout, loss=loss, seed=1)
     mean0 = torch.stack([v.to(torch.float64) for v in init.values()]).mean(0)
-    target = swarm.consensus_distance() / args.factor
-    reached = None
-    for r in range(1, args.max_rounds + 1):
-        swarm.round()
-        if swarm.consensus_distance() <= target:
-            reached = r
-            break
+    reached = rounds_to_consensus(swarm, args.factor, args.max_rounds)
     held, _ = swarm.total()
     moving, _ = in_flight(swarm.nodes)
     drift = float(((held + moving) / len(init) - mean0).abs().max())

@@ -225,19 +225,19 @@ class PushSum:
 def in_flight(nodes: Mapping[NodeId, PushSum] | Iterable[PushSum]) -> tuple[torch.Tensor, float]:
     """Σ over every link of σ − ρ: the mass sent and not yet taken (float64), and its weight."""
     states = list(nodes.values()) if isinstance(nodes, Mapping) else list(nodes)
+    if not states:
+        return torch.zeros(0, dtype=torch.float64), 0.0
     by_id = {s.node: s for s in states}
-    value = torch.zeros(states[0].value.numel(), dtype=torch.float64) if states else None
+    value = torch.zeros(states[0].value.numel(), dtype=torch.float64)
     weight = 0.0
     for s in states:
         for peer in s.out_links:
             _, sent, sent_w = s.sent_on(peer)
+            value += sent.cpu()
+            weight += sent_w
             receiver = by_id.get(peer)
-            taken, taken_w = (
-                (torch.zeros_like(sent), 0.0)
-                if receiver is None
-                else receiver.taken_from(s.node)[1:]
-            )
-            assert value is not None
-            value += sent.cpu() - taken.cpu()
-            weight += sent_w - taken_w
-    return (value if value is not None else torch.zeros(0, dtype=torch.float64)), weight
+            if receiver is not None:  # else all of it is in flight
+                _, taken, taken_w = receiver.taken_from(s.node)
+                value -= taken.cpu()
+                weight -= taken_w
+    return value, weight

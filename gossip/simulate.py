@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from typing import Protocol
 
 import torch
 
@@ -21,7 +22,7 @@ from gossip.replicas import GossipState
 from gossip.schedules import peers_at
 from gossip.topology import Graph, metropolis_hastings
 
-__all__ = ["PushSumSwarm", "SyncSwarm", "consensus_distance"]
+__all__ = ["PushSumSwarm", "SyncSwarm", "consensus_distance", "rounds_to_consensus"]
 
 NodeId = str
 
@@ -30,6 +31,25 @@ def consensus_distance(models: Mapping[NodeId, torch.Tensor]) -> float:
     """Mean squared distance of the models from their average: (1/n) Σ_i ||x_i - x̄||²."""
     stacked = torch.stack([m.to(torch.float64) for m in models.values()])  # (n, numel)
     return float(((stacked - stacked.mean(dim=0)) ** 2).sum(dim=1).mean())
+
+
+class Rounds(Protocol):
+    """A lock-step swarm: :class:`SyncSwarm`, :class:`PushSumSwarm`, gossip/pairwise.py's."""
+
+    def round(self) -> None: ...
+
+    def consensus_distance(self) -> float: ...
+
+
+def rounds_to_consensus(swarm: Rounds, factor: float, max_rounds: int) -> int | None:
+    """Rounds until the swarm's consensus distance fell ``factor``-fold; None if it had not
+    after ``max_rounds``."""
+    target = swarm.consensus_distance() / factor
+    for r in range(1, max_rounds + 1):
+        swarm.round()
+        if swarm.consensus_distance() <= target:
+            return r
+    return None
 
 
 class SyncSwarm:
