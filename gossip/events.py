@@ -136,6 +136,8 @@ class Network:
         bandwidth_bps: every sender's uplink, in bytes per second (inf: no serialisation).
         loss: probability that a lossy message is lost.
         rng: draws the losses.
+        slowdown: how many times slower the link from the first address to the second is than
+            the sender's uplink (its time on the uplink is multiplied by it); None: none is.
     """
 
     def __init__(
@@ -145,6 +147,7 @@ class Network:
         bandwidth_bps: float = math.inf,
         loss: float = 0.0,
         rng: random.Random | None = None,
+        slowdown: Callable[[str, str], float] | None = None,
     ) -> None:
         if bandwidth_bps <= 0 or not 0 <= loss < 1:
             raise ValueError("bandwidth must be positive and loss in [0, 1)")
@@ -153,6 +156,7 @@ class Network:
         self.bandwidth_bps = bandwidth_bps
         self.loss = loss
         self.rng = rng or random.Random(0)
+        self.slowdown = slowdown
         self._uplink_free: dict[str, float] = {}
         self.partitions: list[Partition] = []
         self.sent = 0
@@ -194,7 +198,8 @@ class Network:
         self.sent += 1
         lost = lossy and self.loss > 0 and self.rng.random() < self.loss
         start = max(now, self._uplink_free.get(src, now))
-        done = start + nbytes / self.bandwidth_bps
+        slower = self.slowdown(src, dst) if self.slowdown is not None else 1.0
+        done = start + nbytes * slower / self.bandwidth_bps
         if done > now:
             self._uplink_free[src] = done
         if lost:

@@ -44,13 +44,19 @@ class MemberView:
 
     def graph(self, kind: str, *, degree: int = 4, seed: int = 0) -> Graph:
         records = [r for r in self.swim.live_members() if not r.paused]
-        graph = build(kind, [r.node_id for r in records], degree=degree, seed=seed)
+        regions = {r.node_id: r.region for r in records}
+        graph = build(kind, regions, degree=degree, seed=seed, regions=regions)
         return reachable_graph(graph, frozenset(r.node_id for r in records if not r.reachable))
 
     @property
     def unreachable(self) -> frozenset[NodeId]:
         """Live members that nobody can dial (their records name relays)."""
         return frozenset(r.node_id for r in self.swim.live_members() if not r.reachable)
+
+    @property
+    def regions(self) -> dict[NodeId, str]:
+        """Each live member's region ("" where it names none)."""
+        return {r.node_id: r.region for r in self.swim.live_members()}
 
     @property
     def paused(self) -> frozenset[NodeId]:
@@ -71,7 +77,8 @@ class MemberView:
         if self.swim.paused:
             return {}
         members = {r.node_id: Member(r.node_id, r.address) for r in records}
-        graph = build(kind, members, degree=degree, seed=seed)
+        regions = {r.node_id: r.region for r in records}
+        graph = build(kind, members, degree=degree, seed=seed, regions=regions)
         # Only edges with one end others can dial: the other end opens the connection.
         graph = reachable_graph(graph, frozenset(r.node_id for r in records if not r.reachable))
         return {j: members[j] for j in sorted(graph.neighbours(self.swim.node_id))}

@@ -108,6 +108,8 @@ class Swim(FailureDetector):
     relays: tuple[str, ...] = ()
     #: Paused: out of the topology, still a member (see MemberRecord.paused).
     paused: bool = False
+    #: This member's region (see MemberRecord.region); fixed for the life of the process.
+    region: str = ""
 
     def __post_init__(self) -> None:
         self._init_table()
@@ -134,6 +136,7 @@ class Swim(FailureDetector):
             status,
             relays=self.relays,
             paused=self.paused,
+            region=self.region,
         )
         if self.sign is None:
             return record

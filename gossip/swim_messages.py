@@ -5,6 +5,7 @@ Re-exported by :mod:`gossip.swim`, where the protocol lives.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -12,11 +13,13 @@ __all__ = [
     "ACCUSATIONS",
     "FULL_STATE",
     "LIVE",
+    "REGION_NAME",
     "Kind",
     "MemberRecord",
     "Outgoing",
     "Status",
     "SwimMessage",
+    "check_region",
     "supersedes",
 ]
 
@@ -65,6 +68,9 @@ class MemberRecord:
     #: The member is paused (its device's policy or its owner said so): still a member, which
     #: answers probes, but out of everyone's topology until it resumes. Its own claim.
     paused: bool = False
+    #: The member's region (``--region``): the regional topology keeps most edges inside one
+    #: and a few across. Empty: none named. Its own claim, so signed with the address.
+    region: str = ""
 
     @property
     def reachable(self) -> bool:
@@ -83,6 +89,8 @@ class MemberRecord:
             claim += "|via=" + ",".join(self.relays)
         if self.paused:  # a member that never pauses signs what it always signed
             claim += "|paused"
+        if self.region:  # a member without a region signs what it always signed
+            claim += "|region=" + self.region
         return claim.encode()
 
     def accusation(self) -> bytes:
@@ -92,6 +100,20 @@ class MemberRecord:
         and a receiver takes either as a suspicion), so the status is not signed.
         """
         return f"murmur-accuse|{self.node_id}|{self.incarnation}|{self.accuser}".encode()
+
+
+#: What a region may be called: it travels in signed member records and metric labels.
+REGION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def check_region(name: str) -> str:
+    """``name`` if it is a valid region name (or empty: none), else ValueError."""
+    if name and not REGION_NAME.fullmatch(name):
+        raise ValueError(
+            f"region {name!r}: expected up to 63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
 
 
 def supersedes(new: MemberRecord, old: MemberRecord) -> bool:

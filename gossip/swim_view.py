@@ -112,8 +112,8 @@ class MemberTable:
         self._dissemination.clear()
 
     def drain_changes(self) -> list[MemberRecord]:
-        """Records whose status, address, relays or pause changed since the last call (the node
-        reacts)."""
+        """Records whose status, address, relays, pause or region changed since the last call (the
+        node reacts)."""
         changes, self._changes = self._changes, []
         return changes
 
@@ -195,6 +195,7 @@ class MemberTable:
             or previous.address != record.address
             or previous.relays != record.relays
             or previous.paused != record.paused
+            or previous.region != record.region
         ):
             self._changes.append(record)
 

@@ -18,6 +18,7 @@ import torch
 __all__ = [
     "TOPOLOGIES",
     "Graph",
+    "block_region",
     "build",
     "crosses",
     "exponential",
@@ -209,24 +210,45 @@ def _circulant(order: tuple[NodeId, ...], k: int) -> Graph:
     return _from_offsets(order, offsets)
 
 
-TOPOLOGIES = ("ring", "exponential", "random-regular")
+TOPOLOGIES = ("ring", "exponential", "random-regular", "regional")
 
 
-def build(kind: str, ids: Iterable[NodeId], *, degree: int = 4, seed: int = 0) -> Graph:
+def build(
+    kind: str,
+    ids: Iterable[NodeId],
+    *,
+    degree: int = 4,
+    seed: int = 0,
+    regions: Mapping[NodeId, str] | None = None,
+) -> Graph:
     """The graph named ``kind`` (one of :data:`TOPOLOGIES`) over ``ids``.
 
     For ``random-regular``, ``degree`` is lowered to the largest valid value when the swarm is
     too small (n - 1, or one less when n * degree would be odd), and raised to 2 (a ring, drawn at
     random) when it is lower, since no connected graph of degree 0 or 1 on more than two nodes
     exists.
+
+    For ``regional``, ``regions`` names each node's region (a node it leaves out, or names
+    ``""``, is in the region of those without one) and ``degree`` is the number of bridges
+    between each two regions (:func:`regional`); with one region it is the exponential graph.
     """
-    return _build(kind, _ring_order(ids), degree, seed)
+    order = _ring_order(ids)
+    named = tuple((i, regions.get(i, "")) for i in order) if kind == "regional" and regions else ()
+    return _build(kind, order, degree, seed, named)
 
 
 @functools.lru_cache(maxsize=64)
-def _build(kind: str, order: tuple[NodeId, ...], degree: int, seed: int) -> Graph:
+def _build(
+    kind: str,
+    order: tuple[NodeId, ...],
+    degree: int,
+    seed: int,
+    regions: tuple[tuple[NodeId, str], ...] = (),
+) -> Graph:
     # Cached: members with the same view derive the same graph, and a simulator hosts a
     # thousand of them (a random regular graph of 1,000 nodes takes a second to draw).
+    if kind == "regional":
+        return regional(dict(regions) or dict.fromkeys(order, ""), bridges=max(1, degree))
     if kind == "ring":
         return ring(order)
     if kind == "exponential":
@@ -270,6 +292,15 @@ def regional(region_of: Mapping[NodeId, str], bridges: int = 2) -> Graph:
                 adj[i].add(j)
                 adj[j].add(i)
     return Graph(order, {i: frozenset(js) for i, js in adj.items()})
+
+
+def block_region(index: int, n: int, regions: int) -> str:
+    """The region (``r0`` .. ``r{regions-1}``) of the ``index``-th of ``n`` nodes, when a swarm
+    is split into ``regions`` equal, contiguous blocks by index (``murmur swarm`` and
+    ``murmur simulate --regions``); a node past the first ``n`` (a joiner) goes round robin."""
+    if regions < 1 or n < 1 or index < 0:
+        raise ValueError(f"need regions ≥ 1, n ≥ 1 and index ≥ 0, got {regions}, {n}, {index}")
+    return f"r{index * regions // n if index < n else index % regions}"
 
 
 def crosses(region_of: Mapping[NodeId, str], i: NodeId, j: NodeId) -> bool:

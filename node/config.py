@@ -13,6 +13,7 @@ from gossip.budget import BudgetConfig
 from gossip.codecs import CODECS, DEFAULT_FRACTION
 from gossip.robust import ATTACKS  # test-only attacks (GossipConfig.attack)
 from gossip.swim import SwimConfig
+from gossip.swim_messages import check_region
 from gossip.topology import TOPOLOGIES
 from gossip.trigger import TriggerConfig
 from node.daemon.pacing import MIN_UPLOAD_RATE
@@ -96,8 +97,11 @@ class PowerConfig:
 @dataclass(frozen=True)
 class GossipConfig:
     """Args:
-    topology: ring, exponential or random-regular, over the ring of known node ids.
-    degree: neighbours per node for random-regular.
+    topology: ring, exponential, random-regular or regional, over the ring of known node ids.
+    degree: neighbours per node for random-regular; bridges between each two regions for
+        regional.
+    region: this node's region, in its signed member record (regional keeps most edges inside
+        a region and ``degree`` across between each two); empty: none.
     codec: fp32 (alias none), fp16, int8, int4, sign, topk, randk or dct-topk.
     block_size: values per quantization scale (per top-k selection, for the sparse codecs).
     compress_fraction: share of each block the sparse codecs send (topk, randk, dct-topk).
@@ -137,6 +141,7 @@ class GossipConfig:
 
     topology: str = "exponential"
     degree: int = 4
+    region: str = ""
     codec: str = "int8"
     block_size: int = 256
     compress_fraction: float = DEFAULT_FRACTION  # CHOCO-SGD's top-1%; an index fits a byte
@@ -172,6 +177,7 @@ class GossipConfig:
         object.__setattr__(self, "codec", codec)
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"unknown topology {self.topology!r}; known: {', '.join(TOPOLOGIES)}")
+        check_region(self.region)
         if self.gamma is not None and not 0 < self.gamma <= 1:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
         if self.local_steps < 1:

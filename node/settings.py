@@ -34,6 +34,7 @@ from pydantic import (
 )
 from pydantic_settings import NoDecode
 
+from gossip.swim_messages import check_region
 from node.daemon.pacing import MIN_UPLOAD_RATE
 
 __all__ = [
@@ -57,7 +58,7 @@ __all__ = [
 #: import torch to list them; a test checks that they agree.
 CODEC_NAMES = ("none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk")
 #: The graphs of ``gossip/topology.py`` (likewise checked by a test).
-TOPOLOGY_NAMES = ("ring", "exponential", "random-regular")
+TOPOLOGY_NAMES = ("ring", "exponential", "random-regular", "regional")
 #: Test-only attacks a node can mount on its neighbours (``GossipConfig.attack``).
 ATTACKS = ("scale", "flip", "random", "huge", "spike")
 ENV_PREFIX = "MURMUR_"
@@ -220,10 +221,17 @@ ByteBudgetSpec = Annotated[
 class GossipSettings(_Schema):
     """``[gossip]``: :class:`node.config.GossipConfig`."""
 
-    topology: Literal["ring", "exponential", "random-regular"] = Field(
+    topology: Literal["ring", "exponential", "random-regular", "regional"] = Field(
         "exponential", description="the gossip graph over the members' ids"
     )  # log2(n) neighbours: mixes fast at a small degree (Assran et al. 2019)
-    degree: AtLeastOne = Field(4, description="neighbours per node for random-regular")
+    degree: AtLeastOne = Field(
+        4,
+        description="neighbours per node for random-regular; bridges between each two regions "
+        "for regional",
+    )
+    region: Annotated[str, AfterValidator(check_region)] = Field(
+        "", description="this node's region, for the regional topology (empty: none)"
+    )
     codec: Literal["none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk"] = (
         Field("int8", description="codec of the model deltas")
     )  # a quarter of fp32's bytes, and CHOCO converges as with fp32
@@ -448,6 +456,7 @@ FLAG_KEYS: dict[str, str] = {
     "step-time": "trainer.step_time",
     "topology": "gossip.topology",
     "degree": "gossip.degree",
+    "region": "gossip.region",
     "compress": "gossip.codec",
     "block-size": "gossip.block_size",
     "compress-fraction": "gossip.compress_fraction",

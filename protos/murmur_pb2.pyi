@@ -56,7 +56,7 @@ class TaskFingerprint(_message.Message):
     def __init__(self, params: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., codec: _Optional[str] = ..., block_size: _Optional[int] = ..., fraction: _Optional[float] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "status", "public_key", "signature", "certificate", "accuser", "accuser_signature", "relays", "paused")
+    __slots__ = ("node_id", "address", "incarnation", "status", "public_key", "signature", "certificate", "accuser", "accuser_signature", "relays", "paused", "region")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class Member(_message.Message):
     ACCUSER_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     RELAYS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
@@ -79,7 +80,8 @@ class Member(_message.Message):
     accuser_signature: bytes
     relays: _containers.RepeatedScalarFieldContainer[str]
     paused: bool
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., accuser: _Optional[str] = ..., accuser_signature: _Optional[bytes] = ..., relays: _Optional[_Iterable[str]] = ..., paused: _Optional[bool] = ...) -> None: ...
+    region: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., public_key: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., accuser: _Optional[str] = ..., accuser_signature: _Optional[bytes] = ..., relays: _Optional[_Iterable[str]] = ..., paused: _Optional[bool] = ..., region: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol_version", "self", "fingerprint", "members", "revocations", "unreachable")
@@ -212,7 +214,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NeighbourStatus(_message.Message):
-    __slots__ = ("node_id", "address", "replica_seq", "silent_s", "in_mix", "bytes_sent", "deltas_sent", "snapshots_sent", "distance_rms", "weight", "bytes_received")
+    __slots__ = ("node_id", "address", "replica_seq", "silent_s", "in_mix", "bytes_sent", "deltas_sent", "snapshots_sent", "distance_rms", "weight", "bytes_received", "region")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +226,7 @@ class NeighbourStatus(_message.Message):
     DISTANCE_RMS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     replica_seq: int
@@ -235,10 +238,11 @@ class NeighbourStatus(_message.Message):
     distance_rms: float
     weight: float
     bytes_received: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ..., weight: _Optional[float] = ..., bytes_received: _Optional[int] = ...) -> None: ...
+    region: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ..., weight: _Optional[float] = ..., bytes_received: _Optional[int] = ..., region: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "train_loss", "eval_accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples", "eval_loss", "eval_step", "eval_age_s", "member_counts", "sessions", "relayed_bytes", "rounds_skipped", "relay_faults", "budget_bytes", "budget_period_s", "budget_left_bytes", "budget_resets_in_s", "paused", "pause_reason", "held_s")
+    __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "train_loss", "eval_accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples", "eval_loss", "eval_step", "eval_age_s", "member_counts", "sessions", "relayed_bytes", "rounds_skipped", "relay_faults", "budget_bytes", "budget_period_s", "budget_left_bytes", "budget_resets_in_s", "paused", "pause_reason", "held_s", "region")
     class RejectedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +290,7 @@ class NodeStatus(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     PAUSE_REASON_FIELD_NUMBER: _ClassVar[int]
     HELD_S_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     device: str
@@ -319,7 +324,8 @@ class NodeStatus(_message.Message):
     paused: bool
     pause_reason: str
     held_s: float
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., train_loss: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_step: _Optional[int] = ..., eval_age_s: _Optional[float] = ..., member_counts: _Optional[_Mapping[str, int]] = ..., sessions: _Optional[int] = ..., relayed_bytes: _Optional[int] = ..., rounds_skipped: _Optional[int] = ..., relay_faults: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., budget_period_s: _Optional[float] = ..., budget_left_bytes: _Optional[int] = ..., budget_resets_in_s: _Optional[float] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ..., held_s: _Optional[float] = ...) -> None: ...
+    region: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., codec: _Optional[str] = ..., step: _Optional[int] = ..., step_budget: _Optional[int] = ..., training_done: _Optional[bool] = ..., train_loss: _Optional[float] = ..., eval_accuracy: _Optional[float] = ..., rounds: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_sent_fp32: _Optional[int] = ..., bytes_received: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourStatus, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., eval_loss: _Optional[float] = ..., eval_step: _Optional[int] = ..., eval_age_s: _Optional[float] = ..., member_counts: _Optional[_Mapping[str, int]] = ..., sessions: _Optional[int] = ..., relayed_bytes: _Optional[int] = ..., rounds_skipped: _Optional[int] = ..., relay_faults: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., budget_period_s: _Optional[float] = ..., budget_left_bytes: _Optional[int] = ..., budget_resets_in_s: _Optional[float] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ..., held_s: _Optional[float] = ..., region: _Optional[str] = ...) -> None: ...
 
 class ControlRequest(_message.Message):
     __slots__ = ("action",)

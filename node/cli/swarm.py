@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from gossip.topology import block_region
 from node.cli.evaluation import RunReport, evaluate_run, train_reference
 from node.cli.report import write_report
 from node.cli.swarm_view import LiveView, progress_view
@@ -74,10 +75,14 @@ class SwarmConfig:
     step_time: float = 0.0
     #: Stragglers: node index -> how many times slower it steps (``--slowdown``).
     slowdowns: Mapping[int, float] = field(default_factory=dict)
+    #: The nodes split into this many regions (gossip/topology.py ``block_region``); 0: none.
+    regions: int = 0
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
             raise ValueError("a swarm needs at least one node")
+        if not 0 <= self.regions <= self.nodes:
+            raise ValueError(f"regions is {self.regions}: expected 0 (none) to {self.nodes}")
         if self.steps < 1:
             raise ValueError("steps must be at least 1")
 
@@ -236,6 +241,8 @@ def node_argv(
         argv.append("--insecure")
     if cfg.step_time:
         argv += ["--step-time", str(cfg.step_time)]
+    if cfg.regions:
+        argv += ["--region", block_region(index, cfg.nodes, cfg.regions)]
     if index in cfg.slowdowns:
         argv += ["--slowdown", str(cfg.slowdowns[index])]
     return argv

@@ -88,6 +88,7 @@ class Peers:
         clock = runtime.clock
         self.link_cfg = LinkConfig(queue=cfg.link_queue, call_timeout_s=cfg.call_timeout_s)
         self.swim = Swim(node_id, "", incarnation, swim_cfg, clock, runtime.fork_rng())
+        self.swim.region = cfg.region
         #: The swarm's revocation list as this node knows it (node/security/revocation.py).
         self.revocations = Revocations.none()
         self.ca_pem = ca_pem

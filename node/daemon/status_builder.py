@@ -83,6 +83,7 @@ class StatusBuilder:
     def build(self, views: dict[str, NeighbourView] | None = None) -> NodeStatus:
         """The node's figures; without ``views`` (after the worker stopped) links' only."""
         neighbours = []
+        regions = self.peers.view.regions
         for peer_id in sorted(views or self.peers.links):
             v = (views or {}).get(peer_id, NeighbourView(-1, -1.0, False, -1.0, 0.0))
             link = self.peers.links.get(peer_id)
@@ -100,6 +101,7 @@ class StatusBuilder:
                     distance_rms=v.distance_rms,
                     weight=v.weight,
                     bytes_received=self.counters.received_from.get(peer_id, 0),
+                    region=regions.get(peer_id, ""),
                 )
             )
         ev = self.trainer.last_eval
@@ -135,6 +137,7 @@ class StatusBuilder:
             sessions=sessions,
             relayed_bytes=relayed,
             relay_faults=self.peers.dialout.faults,
+            region=self.peers.swim.region,
         )
         if self.pauser is not None and self.pauser.paused:
             status = dataclasses.replace(status, paused=True, pause_reason=self.pauser.reason)

@@ -53,6 +53,10 @@ class NetConfig:
         partition: a split of the network for a while, if any.
         behind_nat: the share of the nodes that nobody can dial (node/sim/nat.py): they name
             relays, and the topology gives them only neighbours others can dial.
+        regions: the nodes split into this many regions (gossip/topology.py
+            ``block_region``), each node's ``--region``; 0: none.
+        cross_region_slowdown: a message between two regions takes this many times the delay
+            and this many times the uplink time of one inside a region.
     """
 
     latency_s: tuple[float, float] = (0.01, 0.05)
@@ -60,6 +64,8 @@ class NetConfig:
     loss: float = 0.0
     partition: PartitionConfig | None = None
     behind_nat: float = 0.0
+    regions: int = 0
+    cross_region_slowdown: float = 10.0
 
     def __post_init__(self) -> None:
         lo, hi = self.latency_s
@@ -69,6 +75,8 @@ class NetConfig:
             raise ValueError("bandwidth must be positive and loss in [0, 1)")
         if not 0 <= self.behind_nat < 1:
             raise ValueError("behind_nat is a share of the nodes, in [0, 1)")
+        if self.regions < 0 or self.cross_region_slowdown < 1:
+            raise ValueError("regions is a count (0: none); cross_region_slowdown at least 1")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from gossip.events import EventQueue, LinkLatency, Network
 from gossip.relays import relay_order
 from gossip.simulate import consensus_distance
 from gossip.swim import SwimMessage
+from gossip.topology import block_region
 from node.daemon.flat import FlatParams
 from node.sim.config import SimConfig
 from node.sim.decodes import sharing_decodes
@@ -123,12 +124,19 @@ class Simulation:
         self.events = EventQueue(self.clock)
         self.rng = random.Random(cfg.seed)
         lo, hi = cfg.net.latency_s
+        #: Each node's region, by address (cfg.net.regions; empty: none).
+        self.regions: dict[str, str] = {}
+        latency: Callable[[str, str], float] = LinkLatency(lo, hi, cfg.seed)
+        slowdown = None
+        if cfg.net.regions:
+            latency, slowdown = self._across_regions(latency, cfg.net.cross_region_slowdown)
         self.network = Network(
             self.events,
-            LinkLatency(lo, hi, cfg.seed),
+            latency,
             cfg.net.bandwidth_bps,
             cfg.net.loss,
             random.Random(cfg.seed + 1),
+            slowdown,
         )
         self.codec = sharing_decodes(
             get_codec(cfg.gossip.codec, cfg.gossip.block_size, cfg.gossip.compress_fraction)
@@ -195,6 +203,20 @@ class Simulation:
             if rate > 0:
                 self._poisson(rate * cfg.nodes / 60.0, what)
 
+    def _across_regions(
+        self, latency: Callable[[str, str], float], factor: float
+    ) -> tuple[Callable[[str, str], float], Callable[[str, str], float]]:
+        """The delay and the slowdown of each link when those between regions are ``factor``
+        times slower."""
+
+        def slowdown(src: str, dst: str) -> float:
+            return factor if self.regions.get(src) != self.regions.get(dst) else 1.0
+
+        def delay(src: str, dst: str) -> float:
+            return latency(src, dst) * slowdown(src, dst)
+
+        return delay, slowdown
+
     # -- nodes --------------------------------------------------------------------------------
 
     def _task(self, index: int, shard: int) -> Task:
@@ -218,6 +240,8 @@ class Simulation:
             groups = cfg.net.partition.groups
             first = index < cfg.nodes
             self.groups[address] = index * groups // cfg.nodes if first else index % groups
+        if cfg.net.regions:
+            self.regions[address] = block_region(index, cfg.nodes, cfg.net.regions)
         node = SimNode(
             self,
             hashlib.sha256(f"murmur-sim|{cfg.seed}|{index}".encode()).hexdigest()[:32],
@@ -232,6 +256,7 @@ class Simulation:
             budgeted=cfg.budgeted_fraction >= 1
             or self._budget_rng.random() < cfg.budgeted_fraction,
         )
+        node.swim.region = self.regions.get(address, "")
         self.nodes[node.address] = node
         return node
 

@@ -88,9 +88,9 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
     info = GaugeMetricFamily(
         "murmur_node_info",
         "Who this node is (always 1).",
-        labels=["node_id", "address", "device", "codec"],
+        labels=["node_id", "address", "device", "codec", "region"],
     )
-    info.add_metric([s.node_id, s.address, s.device, s.codec], 1.0)
+    info.add_metric([s.node_id, s.address, s.device, s.codec, s.region], 1.0)
     out.append(info)
 
     def counter(name: str, doc: str, value: float) -> None:
@@ -261,6 +261,13 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
         )
     )
     out.append(_gauge("murmur_neighbours", "Neighbours this node links to.", len(s.neighbours)))
+    out.append(
+        _gauge(
+            "murmur_neighbours_across_regions",
+            "Neighbours whose region (--region) is not this node's.",
+            sum(n.region != s.region for n in s.neighbours),
+        )
+    )
     return out
 
 

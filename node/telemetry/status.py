@@ -42,6 +42,7 @@ class NeighbourStatus:
     distance_rms: float  # RMS of x_i - x̂_j; -1 when unknown
     weight: float = 0.0  # w_ij in the mix; 0 when out of it
     bytes_received: int = 0
+    region: str = ""  # as the neighbour's record names it
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class NodeStatus:
     #: reasons): it trains and gossips nothing, and stays a member.
     paused: bool = False
     pause_reason: str = ""
+    #: This node's region (``--region``); empty: none.
+    region: str = ""
 
     @property
     def live_members(self) -> int:
@@ -169,7 +172,8 @@ def format_status(s: NodeStatus) -> str:
     """A readable multi-line table of one node's view."""
     budget = f"/{s.step_budget}" if s.step_budget else ""
     lines = [
-        f"node {s.node_id[:12]} at {s.address} ({s.device}, codec {s.codec})",
+        f"node {s.node_id[:12]} at {s.address} ({s.device}, codec {s.codec}"
+        + (f", region {s.region})" if s.region else ")"),
         f"  step {s.step}{budget}{' (done)' if s.training_done else ''}  "
         f"{s.samples_per_s:.0f} samples/s  rounds {s.rounds} ({s.rounds_skipped} skipped)"
         + (f"  held {s.held_s:.1f} s" if s.held_s else ""),
@@ -195,10 +199,11 @@ def format_status(s: NodeStatus) -> str:
         lines.append(f"  relays found misbehaving {s.relay_faults} (named no more)")
     if s.rejected:
         lines.append("  rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(s.rejected.items())))
+    regions = bool(s.region) or any(n.region for n in s.neighbours)
     lines.append(f"  neighbours ({len(s.neighbours)}):")
     lines.append(
         f"    {'node':12} {'address':21} {'seq':>6} {'silent':>7} {'mix':>3} "
-        f"{'distance':>9} {'sent':>10}"
+        f"{'distance':>9} {'sent':>10}" + (" region" if regions else "")
     )
     for n in s.neighbours:
         silent = f"{n.silent_s:.1f}s" if n.silent_s >= 0 else "never"
@@ -206,12 +211,15 @@ def format_status(s: NodeStatus) -> str:
         lines.append(
             f"    {n.node_id[:12]:12} {n.address:21} {n.replica_seq:>6} {silent:>7} "
             f"{'yes' if n.in_mix else 'no':>3} {dist:>9} {fmt_size(n.bytes_sent):>10}"
+            + (f" {n.region or '-'}" if regions else "")
         )
     lines.append(f"  members ({s.live_members} live):")
     for m in s.members:
         mark = "" if m.status is Status.ALIVE else f" ({m.status})"
         if m.paused:
             mark += " (paused)"
+        if m.region:
+            mark += f" region {m.region}"
         lines.append(f"    {m.node_id[:12]:12} {m.address:21} incarnation {m.incarnation}{mark}")
     known = sum(s.member_counts.values())
     if known > len(s.members):

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from gossip.encoded import Encoded
 from gossip.messages import Delta, Hello, ModelChunk, ParamSpec, SnapshotHeader, TaskFingerprint
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
-from gossip.swim_messages import FULL_STATE
+from gossip.swim_messages import FULL_STATE, check_region
 from node.security.revocation import MAX_BLOB_BYTES
 from node.telemetry.status import NeighbourStatus, NodeStatus
 from node.transport.base import CHUNK_VALUES, Reason, Rejected, SnapshotChunk
@@ -135,7 +135,15 @@ def _member_from_pb(m: pb.Member) -> MemberRecord:
         accuser_signature=m.accuser_signature,
         relays=tuple(address(r, "member relay") for r in m.relays),
         paused=m.paused,
+        region=_region(m.region),
     )
+
+
+def _region(name: str) -> str:
+    try:
+        return check_region(name)
+    except ValueError as e:
+        raise _malformed(f"member {e}") from None
 
 
 def _member_to_pb(m: MemberRecord, certificate: bool = True) -> pb.Member:
@@ -151,6 +159,7 @@ def _member_to_pb(m: MemberRecord, certificate: bool = True) -> pb.Member:
         accuser_signature=m.accuser_signature,
         relays=m.relays,
         paused=m.paused,
+        region=m.region,
     )
 
 
@@ -420,6 +429,7 @@ def status_from_pb(s: pb.NodeStatus) -> NodeStatus:
                 accuser_signature=m.accuser_signature,
                 relays=tuple(m.relays),
                 paused=m.paused,
+                region=m.region,
             )
             for m in s.members
         ),

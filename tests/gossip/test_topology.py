@@ -10,11 +10,14 @@ import torch
 
 from gossip.topology import (
     TOPOLOGIES,
+    block_region,
     build,
+    crosses,
     exponential,
     metropolis_hastings,
     mixing_matrix,
     random_regular,
+    regional,
     ring,
     spectral_gap,
 )
@@ -141,3 +144,25 @@ def test_exponential_gap_stays_large_as_the_ring_gap_vanishes() -> None:
     assert gaps[256][0] < gaps[16][0] / 100
     assert gaps[256][1] > gaps[16][1] / 4
     assert all(exp_gap > 5 * ring_gap for ring_gap, exp_gap in gaps.values())
+
+
+def test_regional_is_built_from_the_regions_it_is_given() -> None:
+    nodes = ids(12)
+    region_of = {i: block_region(k, 12, 3) for k, i in enumerate(nodes)}
+    assert sorted(set(region_of.values())) == ["r0", "r1", "r2"]
+    g = build("regional", nodes, degree=2, regions=region_of)
+    assert g == regional(region_of, bridges=2)
+    across = {frozenset((i, j)) for i in nodes for j in g.neighbours(i) if crosses(region_of, i, j)}
+    assert len(across) == 3 * 2  # 2 bridges for each of the 3 pairs of regions
+    # One region, or none named: the exponential graph; a member without one is in "".
+    assert build("regional", nodes) == exponential(nodes)
+    assert build("regional", nodes, regions=dict.fromkeys(nodes, "r0")) == exponential(nodes)
+    partial = build("regional", nodes, degree=1, regions={nodes[0]: "far"})
+    assert len(partial.neighbours(nodes[0])) == 1
+
+
+def test_block_region_splits_by_index_and_joiners_go_round_robin() -> None:
+    assert [block_region(i, 6, 2) for i in range(6)] == ["r0"] * 3 + ["r1"] * 3
+    assert [block_region(i, 6, 2) for i in range(6, 9)] == ["r0", "r1", "r0"]
+    with pytest.raises(ValueError, match="regions"):
+        block_region(0, 6, 0)

@@ -65,11 +65,12 @@ async def memory_swarm(
     n: int,
     settings: dict[str, Any] | None = None,
     network: MemoryNetwork | None = None,
+    each: Callable[[int], dict[str, Any]] | None = None,
 ) -> AsyncIterator[list[Node]]:
     """n nodes on one in-memory network, each joining through the first, all started.
 
     ``settings`` are :func:`config` overrides shared by every node (``wait_members`` is ``n``
-    unless they say otherwise).
+    unless they say otherwise); ``each(i)`` adds node i's own.
     """
     network = network or MemoryNetwork()
     nodes: list[Node] = []
@@ -81,7 +82,7 @@ async def memory_swarm(
                 shard_index=i,
                 shard_count=n,
                 join=(nodes[0].address,) if nodes else (),
-                **{"wait_members": n, **(settings or {})},
+                **{"wait_members": n, **(settings or {}), **(each(i) if each else {})},
             )
             transport: Transport = MemoryTransport(network)
             node = await Node.create(cfg, transport=transport)

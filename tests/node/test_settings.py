@@ -52,6 +52,7 @@ BAD_FILES = [
     ("[trainer]\nsteps = 5\n[trainer.more]\nx = 1\n", "unknown key trainer.more"),
     ("gossip = 3\n", "gossip must be a table, [gossip]"),
     ("mqtt_discovery = true\n", "MQTT discovery"),
+    ('[gossip]\nregion = "a|b"\n', "line 2: [gossip] region = \"a|b\": region 'a|b': expected"),
 ]
 
 
@@ -84,6 +85,7 @@ BAD_FLAGS = [
         "max_local_steps 2 (--max-local-steps 2) is below local_steps 4 (--local-steps 4)",
     ),
     ({"join": ["127.0.0.1:7070", "nowhere"]}, "'nowhere' is not host:port"),
+    ({"gossip.region": "eu west"}, "--region eu west: region 'eu west': expected up to 63"),
 ]
 
 LABELS = {
@@ -96,6 +98,7 @@ LABELS = {
     "wait_timeout_s": "--wait-timeout",
     "gossip.gamma": "--gamma",
     "metrics_port": "--metrics-port",
+    "gossip.region": "--region",
 }
 
 

@@ -116,6 +116,7 @@ def test_membership_messages_round_trip(kind: Kind) -> None:
         MemberRecord("a1", "h:1", 2),
         MemberRecord("c3", "[::1]:7", 9, Status.SUSPECT, accuser="a1", accuser_signature=b"s"),
         MemberRecord("d4", "h:4", 3, paused=True),
+        MemberRecord("e5", "h:5", 1, region="eu-west.2"),
     )
     message = SwimMessage(kind, "a1", "h:1", 44, "c3" if kind is Kind.PING_REQ else "", updates)
     raw = wire.swim_to_pb(message, PROTOCOL_VERSION).SerializeToString()
@@ -146,6 +147,14 @@ def test_membership_messages_round_trip(kind: Kind) -> None:
             sender="a1",
             sender_address="h:1",
             updates=[pb.Member(node_id="b", address="h:2", accuser_signature=b"s" * 513)],
+        ),
+        *(
+            pb.SwimMessage(
+                sender="a1",
+                sender_address="h:1",
+                updates=[pb.Member(node_id="b", address="h:2", region=name)],
+            )
+            for name in ("a|paused", "-x", "x" * 64, "eu west", "é")
         ),
     ],
 )
@@ -178,3 +187,10 @@ def test_a_pause_is_part_of_the_members_own_claim() -> None:
     paused = MemberRecord("a1", "h:1", 2, paused=True)
     assert running.claim() == b"murmur-member|a1|h:1|2|alive"  # as it always signed
     assert paused.claim() == b"murmur-member|a1|h:1|2|alive|paused"  # a relay cannot forge it
+
+
+def test_a_region_is_part_of_the_members_own_claim() -> None:
+    plain = MemberRecord("a1", "h:1", 2)
+    placed = MemberRecord("a1", "h:1", 2, region="r0")
+    assert plain.claim() == b"murmur-member|a1|h:1|2|alive"  # as it always signed
+    assert placed.claim() == b"murmur-member|a1|h:1|2|alive|region=r0"  # nobody else can move it

@@ -228,6 +228,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help=flag_help("trainer.step_time"),
     )
     add_gossip_flags(p, suppress=True)
+    p.add_argument(
+        "--region",
+        dest="gossip.region",
+        metavar="NAME",
+        default=argparse.SUPPRESS,
+        help=flag_help("gossip.region", default="none"),
+    )
     _add_mqtt_flags(p)
     _add_power_flags(p)
     p.set_defaults(func=cmd_run, flag_labels=run_flag_labels(p))

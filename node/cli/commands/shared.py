@@ -19,6 +19,7 @@ __all__ = [
     "TASK_HELP",
     "HelpFormatter",
     "add_gossip_flags",
+    "add_regions_flag",
     "common_options",
     "fail",
     "flag_help",
@@ -223,6 +224,18 @@ def add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
     # For testing robustness only (under `murmur swarm`, only the last node attacks).
     p.add_argument(
         "--attack", dest="gossip.attack", choices=ATTACKS, default=d, help=argparse.SUPPRESS
+    )
+
+
+def add_regions_flag(p: argparse.ArgumentParser) -> None:
+    """``--regions N``: the nodes split into N regions (``r0`` ..), contiguous blocks by index."""
+    p.add_argument(
+        "--regions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="split the nodes into N regions (r0, r1, ..., contiguous by index), each node's "
+        "--region; with --topology regional most edges stay inside one (default: none)",
     )
 
 

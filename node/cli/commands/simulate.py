@@ -12,6 +12,7 @@ from node.cli.commands.shared import (
     TASK_HELP,
     HelpFormatter,
     add_gossip_flags,
+    add_regions_flag,
     fail,
     gossip_config,
     lacks_extra,
@@ -183,6 +184,14 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("murmur-sim"), metavar="DIR", help="output dir")
     p.add_argument("--quiet", action="store_true", help="no progress")
     add_gossip_flags(p, suppress=False)
+    add_regions_flag(p)
+    p.add_argument(
+        "--cross-region-slowdown",
+        type=float,
+        default=10.0,
+        metavar="X",
+        help="with --regions: links between two regions are X times slower (delay and rate)",
+    )
     p.set_defaults(func=cmd_simulate)
 
 
@@ -231,6 +240,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 args.loss,
                 PartitionConfig.parse(args.partition) if args.partition else None,
                 args.behind_nat,
+                args.regions,
+                args.cross_region_slowdown,
             ),
             churn=churn,
         )

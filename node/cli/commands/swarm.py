@@ -12,6 +12,7 @@ from node.cli.commands.shared import (
     TASK_HELP,
     HelpFormatter,
     add_gossip_flags,
+    add_regions_flag,
     fail,
     gossip_config,
     lacks_extra,
@@ -65,6 +66,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--insecure", action="store_true", help="plain TCP between the nodes instead of mTLS"
     )
     add_gossip_flags(p, suppress=False)
+    add_regions_flag(p)
     p.set_defaults(func=cmd_swarm)
 
 
@@ -89,6 +91,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
             workdir=args.workdir,
             baseline=not args.no_baseline,
             insecure=args.insecure,
+            regions=args.regions,
             progress=not args.quiet,
             gossip=gossip,
         )
