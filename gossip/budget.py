@@ -103,6 +103,25 @@ class ByteBudget:
             self._turn(now)
             return self._spent + upcoming * self.charge > self._allowance(now)
 
+    def wait_s(self, upcoming: float) -> float:
+        """Seconds until ``upcoming`` more bytes of message (a snapshot's) fit under what the
+        node may have spent by then: 0 when they fit now; later in this period as the allowance
+        grows; else after the turn of the period. A message bigger than the whole budget never
+        fits: it may go when nothing of the period has been spent yet."""
+        with self._lock:
+            now = self._clock.now()
+            self._turn(now)
+            need = upcoming * self.charge
+            total, period = self.cfg.nbytes, self.cfg.period_s
+            if self._spent + need <= self._allowance(now):
+                return 0.0
+            if need > total:
+                return 0.0 if self._spent == 0 else self._start + period - now
+            if self._spent + need <= total:
+                at = self._start + ((self._spent + need) / total - LEAD) * period
+                return max(0.0, at - now)
+            return self._start + period - now + max(0.0, (need / total - LEAD) * period)
+
     def _allowance(self, now: float) -> float:
         share = min(1.0, (now - self._start) / self.cfg.period_s + LEAD)
         return self.cfg.nbytes * share

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -139,10 +140,20 @@ class Link:
     """Args:
     cfg: the link's policy.
     rng: draws the back-off's jitter (injected, so that runs can be repeated).
+    hold: asked before each snapshot: the seconds it must wait first (0: none). The byte
+        budget's (gossip/budget.py ``wait_s``): a node ahead of its allowance makes only
+        heartbeat rounds, and every new or resynced link would otherwise cost a whole model at
+        once, which under topology churn (pauses, joins) is most of what a budgeted node sends.
+        None: snapshots never wait.
     """
 
-    def __init__(self, cfg: LinkConfig, rng: random.Random) -> None:
+    def __init__(
+        self, cfg: LinkConfig, rng: random.Random, hold: Callable[[], float] | None = None
+    ) -> None:
         self.cfg = cfg
+        self._hold = hold
+        #: Until when a snapshot waits for the byte budget (-inf: it does not).
+        self.held_until = -math.inf
         self.outbox = Outbox(cfg.outbox)
         self.stats = LinkStats()
         #: Numbers the snapshots, and the streams that follow them; 0 before the first.
@@ -186,13 +197,16 @@ class Link:
             return "snapshot sent" if self._taken else f"dialing{why}"
         if now < self._resume_at:
             return f"backing off {self._resume_at - now:.1f} s{why}"
+        if now < self.held_until:
+            return f"held {self.held_until - now:.1f} s by the byte budget"
         return f"retrying{why}" if self.epoch else "not dialed"
 
     def next_deadline(self) -> float:
         """When :meth:`poll` may have a command without any event happening (a back-off ends);
         infinity when only an event can bring one."""
-        if self.phase is Phase.IDLE and self._resume_at > -math.inf:
-            return self._resume_at
+        wake = max(self._resume_at, self.held_until)
+        if self.phase is Phase.IDLE and wake > -math.inf:
+            return wake
         return math.inf
 
     def overdue_at(self) -> float | None:
@@ -207,6 +221,12 @@ class Link:
         if self.phase in (Phase.CLOSED, Phase.SNAPSHOT) or now < self._resume_at:
             return None
         if self.outbox.needs_snapshot:
+            wait_s = self._hold() if self._hold is not None else 0.0
+            if wait_s > 0:
+                self.held_until = now + wait_s
+                self.phase = Phase.IDLE  # a stream that needs a snapshot carries nothing more
+                return None
+            self.held_until = -math.inf
             self.epoch += 1
             self.phase = Phase.SNAPSHOT
             self._taken = False

@@ -61,6 +61,9 @@ class Reason(StrEnum):
     IMPLAUSIBLE = "implausible"
     #: A revocation list that is too large, malformed, or not signed by the swarm's CA.
     BAD_REVOCATIONS = "bad_revocations"
+    #: The node's byte budget (``--byte-budget``) does not allow the model's bytes now: a joiner
+    #: pulls from another member.
+    BUDGET_SPENT = "budget_spent"
 
 
 class Retry(Enum):
@@ -113,6 +116,7 @@ REFUSALS: dict[Reason, Refusal] = {
     Reason.OVER_BUDGET: Refusal(),
     Reason.IMPLAUSIBLE: _BAD,
     Reason.BAD_REVOCATIONS: Refusal(),
+    Reason.BUDGET_SPENT: _NOT_NOW,
 }
 
 

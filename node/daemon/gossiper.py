@@ -136,6 +136,11 @@ class Gossiper:
         return self.mixer.silenced
 
     @property
+    def numel(self) -> int:
+        """Values in the model (and so in every snapshot of x̂)."""
+        return self.state.numel
+
+    @property
     def degree(self) -> int:
         return self._degree
 

@@ -59,6 +59,8 @@ class PeerLink:
         and the RNG its back-off's jitter is forked from.
     on_change: called whenever the link may have become busy or idle.
     outflow: the node's upload cap and byte budget, shared by its links (None: neither).
+    snapshot_nbytes: about what a snapshot of x̂ weighs: with a byte budget, a snapshot waits
+        until the budget allows that much (gossip/link.py's ``hold``).
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class PeerLink:
         runtime: Runtime,
         on_change: Callable[[], None] = lambda: None,
         outflow: Outflow | None = None,
+        snapshot_nbytes: int = 0,
     ) -> None:
         self.peer = peer
         self._outflow = outflow
@@ -78,7 +81,14 @@ class PeerLink:
         self.cfg = cfg
         self.counters = counters
         self.runtime = runtime
-        self.machine = Link(cfg, runtime.fork_rng())
+        budget = outflow.budget if outflow is not None else None
+        hold = None
+        if budget is not None:
+
+            def hold() -> float:
+                return budget.wait_s(snapshot_nbytes)
+
+        self.machine = Link(cfg, runtime.fork_rng(), hold)
         self._snapshot = snapshot
         self._on_change = on_change
         self._wake = asyncio.Event()

@@ -432,6 +432,7 @@ class Peers:
             self.runtime,
             on_change=self._on_links_change,
             outflow=self.outflow,
+            snapshot_nbytes=4 * self.gossiper.numel,
         )
         link.start()
         return link

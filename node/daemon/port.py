@@ -81,6 +81,11 @@ class DaemonPort:
         if self._peers.outflow is not None:
             await self._peers.outflow.take(nbytes)
 
+    def upload_wait_s(self, nbytes: int) -> float:
+        outflow = self._peers.outflow
+        budget = None if outflow is None else outflow.budget
+        return 0.0 if budget is None else budget.wait_s(nbytes)
+
     async def on_worker(self, steps: Steps[T]) -> T:
         return await run_on(steps, self._gossiper.run)
 

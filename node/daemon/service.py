@@ -61,6 +61,10 @@ class ServicePort(Protocol):
         """Wait until ``nbytes`` more of model may go under the upload cap (at once without)."""
         ...
 
+    def upload_wait_s(self, nbytes: int) -> float:
+        """Seconds until ``nbytes`` more of model fit the byte budget (0: now, or no budget)."""
+        ...
+
     @property
     def upload_chunk_values(self) -> int:
         """Values per chunk of a model served: under an upload cap, no more than it lets go at
@@ -158,6 +162,12 @@ class NodeService:
         self._check_common(protocol_version, "")
         # One copy of the model, cut into chunks as the stream drains: memory stays bounded.
         values, step = await self.port.model_copy()
+        wait_s = self.port.upload_wait_s(4 * values.numel())
+        if wait_s > 0:  # a model is a snapshot's bytes: the budget holds both (not the joiner's)
+            self._refuse(
+                Reason.BUDGET_SPENT,
+                f"the byte budget allows the model's {4 * values.numel()} bytes in {wait_s:.0f} s",
+            )
         log.info("sending our model to %s (%d values)", requester[:8], values.numel())
         for chunk in iter_chunks(values, self.port.upload_chunk_values):
             await self.port.pace_upload(len(chunk.data))  # a pull is upload as gossip is

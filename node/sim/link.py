@@ -82,7 +82,14 @@ class SimLink:
         self.owner = owner
         self.peer = peer
         self.cfg = cfg
-        self.machine = Link(cfg, owner.sim.rng)
+        budget, nbytes = owner.budget, 4 * owner.state.numel
+        hold = None
+        if budget is not None:  # a snapshot waits for the budget, as the daemon's does
+
+            def hold() -> float:
+                return budget.wait_s(nbytes)
+
+        self.machine = Link(cfg, owner.sim.rng, hold)
         self.stats: LinkStats = self.machine.stats
         self._wake_at = math.inf  # when a pump is already scheduled
         # Looked up once: a link carries thousands of deltas.

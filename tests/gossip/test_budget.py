@@ -195,3 +195,23 @@ def test_a_budget_without_the_trigger_is_refused() -> None:
     state = GossipState(torch.zeros(8), get_codec("int8", 8), clock, torch.Generator())
     with pytest.raises(ValueError, match="trigger"):
         Mixer(state, MixConfig(), budget=ByteBudget(BudgetConfig(10, 1.0), clock))
+
+
+def test_wait_s_says_when_a_message_fits_under_the_allowance() -> None:
+    b, clock = budget()
+    assert b.wait_s(NBYTES * LEAD) == 0  # within the lead: at once
+    b.spend(NBYTES * LEAD)
+    # A tenth of the budget more: when a tenth of the period has passed.
+    assert b.wait_s(NBYTES / 10) == pytest.approx(PERIOD_S / 10)
+    clock.advance(PERIOD_S / 10)
+    assert b.wait_s(NBYTES / 10) == pytest.approx(0, abs=1e-9)
+    # Past the whole budget: after the turn, and the lead of the next period covers it.
+    b.spend(NBYTES / 10)
+    b.spend(NBYTES * (0.9 - LEAD))  # all of it spent
+    assert b.wait_s(NBYTES * LEAD / 2) == pytest.approx(PERIOD_S * 0.9)
+    clock.advance(PERIOD_S * 0.9)
+    assert b.wait_s(NBYTES * LEAD / 2) == 0
+    # Bigger than a whole budget: only when nothing of the period is spent yet.
+    assert b.wait_s(NBYTES * 2) == 0
+    b.spend(1)
+    assert b.wait_s(NBYTES * 2) == pytest.approx(PERIOD_S)

@@ -243,3 +243,24 @@ def test_progress_says_where_a_link_stands_and_what_went_wrong_last() -> None:
     assert link.progress(2.0) == "snapshot acked"
     link.close()
     assert link.progress(2.0) == "closed"
+
+
+def test_a_snapshot_waits_for_the_hold_and_goes_once_it_lets_it() -> None:
+    wait = {"s": 3.0}
+    link = Link(CFG, random.Random(0), hold=lambda: wait["s"])
+    assert link.poll(10.0) is None
+    assert link.next_deadline() == 13.0
+    assert link.progress(11.0) == "held 2.0 s by the byte budget"
+    assert not link.busy(11.0)  # a held link does not hold up the others' rounds
+    wait["s"] = 0.0
+    assert isinstance(link.poll(13.0), SendSnapshot)
+    # A stream that needs a snapshot again (its queue overflowed) waits as a new link does.
+    link.snapshot_taken(1, 0, 13.0)
+    link.snapshot_answered(1, 13.5)
+    assert link.phase is Phase.STREAM
+    link.resync()
+    wait["s"] = 1.0
+    assert link.poll(14.0) is None
+    assert not link.healthy
+    assert link.progress(14.0) == "held 1.0 s by the byte budget"
+    assert link.next_deadline() == 15.0

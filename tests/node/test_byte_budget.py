@@ -186,3 +186,66 @@ def test_the_simulator_budgets_only_the_share_of_the_nodes_it_is_told() -> None:
     assert max(n.counters.bytes_sent for n in budgeted) < min(n.counters.bytes_sent for n in free)
     with pytest.raises(ValueError, match="give one too"):
         SimConfig(budgeted_fraction=0.5)
+
+
+async def test_a_node_ahead_of_its_budget_holds_a_new_link_s_snapshot_and_a_pull(
+    tmp_path: Path,
+) -> None:
+    network = MemoryNetwork()
+    budgeted = config(
+        tmp_path / "node-0",
+        listen="mem:0",
+        wait_members=1,
+        **{"trainer.steps": 10**6, "gossip.byte_budget": (NBYTES, 3600.0)},
+    )
+    node = await Node.create(budgeted, transport=MemoryTransport(network))
+    other: Node | None = None
+    try:
+        assert node.budget is not None
+        node.budget.spend(NBYTES)  # the hour's budget spent: only heartbeats until it turns
+        await node.start()
+        free = config(tmp_path / "node-1", listen="mem:0", join=(node.address,), wait_members=2)
+        other = await Node.create(free, transport=MemoryTransport(network))
+        await other.start()
+        links = node.peers.links
+
+        def held() -> bool:
+            link = links.get(other.node_id) if other is not None else None
+            return link is not None and link.progress().startswith("held ")
+
+        await node.wait_until(held, TIMEOUT_S)
+        # The newcomer's own link to the budgeted node streams; the budgeted node's link to it
+        # has sent it no model, and waits for the budget's period to turn.
+        await other.wait_until(
+            lambda: other.peers.links[node.node_id].progress() == "snapshot acked", TIMEOUT_S
+        )
+        link = links[other.node_id]
+        assert link.stats.snapshots_sent == 0
+        assert link.machine.next_deadline() > node.runtime.clock.now() + 60
+        # Nor did it serve the newcomer's pull of its model: that too is a model's bytes.
+        assert node.counters.rejected["budget_spent"] == 1
+    finally:
+        if other is not None:
+            await other.stop(grace_s=0)
+        await node.stop(grace_s=0)
+
+
+def test_budgets_hold_while_pauses_churn_the_topology_in_the_simulator() -> None:
+    # Every pause and resume changes the graph, and each new link starts with a snapshot of
+    # x̂: without the hold, these nodes sent a median 2.25 times their budget (3.2 at most).
+    per, period_s = 20_000, 10.0
+    cfg = SimConfig(
+        nodes=16,
+        duration_s=30.0,
+        eval_every_s=10.0,
+        paused_fraction=0.3,
+        pause_mean_s=5.0,
+        gossip=GossipConfig(codec="int8", byte_budget=(per, period_s)),
+    )
+    sim = Simulation(cfg)
+    sim.run()
+    allowed = per * cfg.duration_s / period_s
+    spent = sorted(n.counters.bytes_sent * BUDGET_CHARGE / allowed for n in sim.nodes.values())
+    assert spent[len(spent) // 2] <= 1.0, spent
+    # Over the budget only by heartbeats, which a spent budget still lets through.
+    assert spent[-1] <= 1.5, spent
