@@ -230,7 +230,7 @@ class GossipSettings(_Schema):
         "for regional",
     )
     region: Annotated[str, AfterValidator(check_region)] = Field(
-        "", description="this node's region, for the regional topology (empty: none)"
+        "", description="this node's region, for the regional topology"
     )
     codec: Literal["none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk"] = (
         Field("int8", description="codec of the model deltas")
