@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -52,7 +52,16 @@ from gossip.messages import Delta
 from gossip.outbox import Outbox, OutboxConfig
 from gossip.refusals import Reason, Refusal, Retry, refusal
 
-__all__ = ["Command", "Link", "LinkConfig", "LinkStats", "Phase", "SendDelta", "SendSnapshot"]
+__all__ = [
+    "Command",
+    "Link",
+    "LinkConfig",
+    "LinkStats",
+    "Phase",
+    "SendDelta",
+    "SendSnapshot",
+    "round_pace",
+]
 
 
 @dataclass(frozen=True)
@@ -322,3 +331,22 @@ class Link:
     def _back_off(self, now: float) -> None:
         self._resume_at = now + self._backoff_s * self._rng.uniform(0.5, 1.0)
         self._backoff_s = min(2 * self._backoff_s, self.cfg.backoff_max_s)
+
+
+def round_pace(
+    links: Mapping[str, Link], now: float, per_link: bool
+) -> tuple[bool, frozenset[str]]:
+    """Whether a node's round may begin now, and the links it goes to (the daemon's and the
+    simulator's rule, ``--pace``).
+
+    With one public copy (``per_link`` False) a round goes to every link, and begins only while
+    no link is :meth:`Link.busy`: every link must carry every delta, so the slowest sets the
+    pace. With a copy per link a round goes to the healthy links that are not busy, and
+    begins while there is one (or while no link streams at all: nothing waits then); a busy
+    link keeps its unsent change for its next delta.
+    """
+    if not per_link:
+        return not any(link.busy(now) for link in links.values()), frozenset(links)
+    ready = frozenset(p for p, link in links.items() if link.healthy and not link.busy(now))
+    streaming = any(link.healthy for link in links.values())
+    return bool(ready) or not streaming, ready

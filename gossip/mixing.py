@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -205,6 +205,9 @@ class Round:
     newly_evicted: Mapping[NodeId, float]
     readmitted: Mapping[NodeId, float]
     reason: str = "always"  # why it was made (gossip/trigger.py's REASONS)
+    #: With a copy per link (GossipState ``per_link``): each link's seq and delta; ``seq`` and
+    #: ``payload`` are then the first link's (by id).
+    links: Mapping[NodeId, tuple[int, Encoded]] = field(default_factory=dict)
 
 
 class Mixer:
@@ -228,6 +231,11 @@ class Mixer:
         attack_generator: torch.Generator | None = None,
         budget: ByteBudget | None = None,
     ) -> None:
+        if state.per_link and (cfg.robust or cfg.attack is not None):
+            raise ValueError(
+                "a copy per link (--pace link) mixes with plain CHOCO only: robust mixing and "
+                "the test attacks score one public copy"
+            )
         if budget is not None and cfg.trigger is None:
             raise ValueError(
                 "a byte budget needs the event-triggered rule: once spent, the node makes "
@@ -243,6 +251,8 @@ class Mixer:
         )
         self._silenced: frozenset[NodeId] = frozenset()
         self._evicted: frozenset[NodeId] = frozenset()
+        #: With a copy per link: each neighbour's replica version at the last mix with it.
+        self._mixed: dict[NodeId, tuple[int, int]] = {}
         #: The event-triggered rule (None: off, every round is made).
         self.trigger = (
             RoundTrigger(cfg.trigger, cfg.trigger.heartbeat_for(cfg.silence_limit_s))
@@ -271,6 +281,8 @@ class Mixer:
             self.scores.forget(gone)
         self._silenced &= neighbours
         self._evicted &= neighbours
+        for peer in gone:
+            self._mixed.pop(peer, None)
         return gone
 
     def weights(self) -> dict[NodeId, float]:
@@ -279,7 +291,10 @@ class Mixer:
         return self._mix_weights(self.neighbours)
 
     def round(
-        self, x: torch.Tensor, lock: contextlib.AbstractContextManager[object] | None = None
+        self,
+        x: torch.Tensor,
+        lock: contextlib.AbstractContextManager[object] | None = None,
+        ready: Iterable[NodeId] | None = None,
     ) -> Round | None:
         """One round: q = Q(target - x̂), x̂ += q, then the mix into ``x`` (CHOCO-Gossip,
         Koloskova et al. 2019, Algorithm 1, made asynchronous; ClippedGossip's mix with
@@ -293,10 +308,14 @@ class Mixer:
         Args:
             lock: held while ``x`` is read and while it is written, not while compressing (the
                 daemon's trainer steps on another thread in between).
+            ready: with a copy per link, the links that can carry a delta now (see
+                :meth:`_link_round`); ignored otherwise.
         """
         neighbours = self.neighbours
         if not neighbours:
             return None
+        if self.state.per_link:
+            return self._link_round(x, lock, frozenset(ready or ()) & neighbours)
         cfg, state = self.cfg, self.state
         guard = lock if lock is not None else contextlib.nullcontext()
         with guard:
@@ -358,6 +377,76 @@ class Mixer:
             newly_evicted,
             readmitted,
             reason,
+        )
+
+    def _link_round(
+        self,
+        x: torch.Tensor,
+        lock: contextlib.AbstractContextManager[object] | None,
+        ready: frozenset[NodeId],
+    ) -> Round | None:
+        """A round with a copy per link (gossip/pairwise.py, made asynchronous): a delta on
+        each link in ``ready``, q_j = Q(x - x̂_ij), x̂_ij += q_j; then the mix over the links
+        that sent a delta and whose neighbour's replica moved since this node last mixed with
+        it. A link that did not send keeps its unsent change in x - x̂_ij for its next delta
+        (a slow link carries many rounds' change in one message, and does not hold up the
+        others); leaving it out of the mix keeps a stale difference from being applied round
+        after round, and asking for news from the neighbour keeps the mix about as frequent on
+        both ends of a link, as the mean needs. None when no link is ready, or when the
+        trigger finds the round not worth its bytes."""
+        cfg, state = self.cfg, self.state
+        neighbours = self.neighbours
+        ready = frozenset(p for p in ready if p in state.copies)
+        if not ready:
+            return None
+        guard = lock if lock is not None else contextlib.nullcontext()
+        with guard:
+            current = x.clone()
+        reason = "always"
+        if self.trigger is not None:
+            hold = False
+            if self.budget is not None:
+                upcoming = state.codec.encoded_nbytes(state.numel) * len(ready)
+                hold = self.budget.ahead(upcoming)
+            found = self.trigger.decide(
+                current, state, self._mix_weights(neighbours), cfg.gamma, hold
+            )
+            if found is None:
+                return None
+            reason = found
+        links: dict[NodeId, tuple[int, Encoded]] = {}
+        for peer in sorted(ready):
+            made = state.make_link_delta(peer, current)
+            if made is not None:
+                links[peer] = made
+        state.note_model(current)
+        every = mixing_weights(state, neighbours, len(neighbours), cfg.silence_limit_s)
+        went_silent, spoke_again = self._note_silence(neighbours, every)
+        weights = {}
+        for peer, w in every.items():
+            replica = state.replicas[peer]
+            version = (replica.session, replica.seq)
+            if peer in links and self._mixed.get(peer) != version:
+                weights[peer] = w
+                self._mixed[peer] = version
+        with guard:
+            mix(state, x, cfg.gamma, weights, self.outer)
+            after = x.clone() if self.trigger is not None else None
+        if self.trigger is not None and after is not None:
+            self.trigger.made(after, state.clock.now(), reason)
+        first = min(links)
+        return Round(
+            links[first][0],
+            links[first][1],
+            weights,
+            self._silenced,
+            self._evicted,
+            went_silent,
+            spoke_again,
+            {},
+            {},
+            reason,
+            links,
         )
 
     def _mix_weights(self, neighbours: frozenset[NodeId]) -> dict[NodeId, float]:

@@ -13,6 +13,13 @@ Algorithm 1), made asynchronous:
   float32) before deltas apply again.
 * mixing: x_i += γ Σ_j w_ij (x̂_j - x̂_i).
 
+With ``per_link`` (the daemon's ``--pace link``) node i keeps a public copy x̂_ij per link
+instead, which only j replicates (gossip/pairwise.py shows it in lock-step): a delta goes to one
+neighbour, what a link did not send stays in x_i - x̂_ij for that link's next delta, so a slow
+link carries the change of many rounds in one message while the fast ones keep their pace, and
+the mix uses each link's own copy: x_i += γ Σ_j w_ij (x̂_ji - x̂_ij). The receiving side is the
+same in both modes: a replica is the copy its sender keeps for this node.
+
 Sending Q(x_i) itself instead, without the public copies, leaves a floor of quantization noise
 that consensus never gets below (see tests/gossip/test_sync_gossip.py).
 
@@ -36,6 +43,7 @@ __all__ = [
     "GossipError",
     "GossipState",
     "ImplausibleUpdate",
+    "LinkCopy",
     "Replica",
     "SequenceGap",
     "StaleSequence",
@@ -127,6 +135,14 @@ class Replica:
     degree: int = 0  # the sender's number of neighbours, as it last said
 
 
+@dataclass
+class LinkCopy:
+    """x̂_ij, with a copy per link: what neighbour j believes x_i is."""
+
+    value: torch.Tensor
+    seq: int
+
+
 class GossipState:
     """Node i's half of compressed gossip.
 
@@ -140,6 +156,9 @@ class GossipState:
         session: names this run's log of deltas; draw a new one at every start.
         guard: what updates may do to a replica (None: anything finite; the daemon and the
             simulator both guard).
+        per_link: keep a public copy per link (:meth:`make_link_delta`, :meth:`snapshot_for`).
+            ``public`` is then x as the node's last round saw it (:meth:`note_model`): the
+            reference of the guard and of the trigger, and the copy of a link not yet opened.
     """
 
     def __init__(
@@ -150,9 +169,13 @@ class GossipState:
         generator: torch.Generator | None = None,
         session: int = 0,
         guard: UpdateGuard | None = None,
+        per_link: bool = False,
     ) -> None:
         if initial.dim() != 1 or initial.dtype != torch.float32:
             raise ValueError("the gossiped vector must be flat float32")
+        self.per_link = per_link
+        #: x̂_ij by neighbour, with ``per_link`` (a link's copy starts at its first snapshot).
+        self.copies: dict[NodeId, LinkCopy] = {}
         self.guard = guard
         #: The largest distance, in norms of x̂_i, that an accepted update put a replica at
         #: (how close honest traffic comes to ``guard.max_distance``).
@@ -192,6 +215,7 @@ class GossipState:
         """Stop accepting ``peer`` and drop its replica."""
         self._peers.discard(peer)
         self.replicas.pop(peer, None)
+        self.copies.pop(peer, None)
 
     def set_peers(self, peers: frozenset[NodeId]) -> frozenset[NodeId]:
         """Exchange with exactly ``peers``: forget the others, admit the new ones.
@@ -238,6 +262,43 @@ class GossipState:
     def snapshot(self) -> tuple[int, torch.Tensor]:
         """(seq, a copy of x̂ at seq): what a neighbour needs to (re)start its replica."""
         return self.seq, self.public.clone()
+
+    def snapshot_for(self, peer: NodeId, x: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """What ``peer`` needs to (re)start its replica: :meth:`snapshot`, or with
+        ``per_link`` the link's copy started afresh at ``x`` (exact, so its next delta is only
+        what changes after it). Its seq is above any this session sent on any link, so a
+        neighbour that kept an older replica of ours never finds it stale."""
+        if not self.per_link:
+            return self.snapshot()
+        self.seq += 1  # with per_link, the highest seq of any link
+        copy = LinkCopy(x.detach().clone(), self.seq)
+        self.copies[peer] = copy
+        return copy.seq, copy.value.clone()
+
+    def make_link_delta(self, peer: NodeId, x: torch.Tensor) -> tuple[int, Encoded] | None:
+        """With ``per_link``: q = Q(x - x̂_ij); x̂_ij += q, for ``peer`` alone. Returns the
+        link's new seq and q's encoding; None before the link's first snapshot.
+
+        Raises:
+            NonFiniteError: x holds NaN or infinity (nothing changes).
+        """
+        copy = self.copies.get(peer)
+        if copy is None:
+            return None
+        compressed = self.codec.compress(x - copy.value, self.generator)
+        copy.value += compressed.value
+        copy.seq += 1
+        self.seq = max(self.seq, copy.seq)
+        return copy.seq, compressed.encoded
+
+    def note_model(self, x: torch.Tensor) -> None:
+        """With ``per_link``: x as this round saw it becomes ``public`` (see the class)."""
+        self.public.copy_(x)
+
+    def own(self, peer: NodeId) -> torch.Tensor:
+        """The copy of this node that ``peer`` holds: x̂_ij with ``per_link``, else x̂_i."""
+        copy = self.copies.get(peer)
+        return self.public if copy is None else copy.value
 
     # -- receiving ----------------------------------------------------------------------------
 
@@ -361,6 +422,8 @@ class GossipState:
         if values.shape != self.public.shape or values.dtype != torch.float32:
             raise ValueError("restart values must be the flat float32 vector gossip moves")
         self.public.copy_(values)
+        # A link's copy stays until its resync: the neighbour refuses the next delta, of the
+        # new session, and the snapshot that repairs it starts the copy afresh.
         self.session = session
         self.seq = 0
 
@@ -374,7 +437,8 @@ class GossipState:
     def consensus_step(
         self, x: torch.Tensor, gamma: float, weights: Mapping[NodeId, float]
     ) -> torch.Tensor:
-        """x += γ Σ_j w_ij (x̂_j - x̂_i), in place, over the neighbours in ``weights``.
+        """x += γ Σ_j w_ij (x̂_j - x̂_i) (x̂_ij for x̂_i with ``per_link``), in place, over the
+        neighbours in ``weights``.
 
         Neighbours without a replica are left out; their weight stays with x_i, so each row of
         the mixing matrix still sums to one. The sum runs in the order of the neighbours' ids,
@@ -400,10 +464,12 @@ class GossipState:
             if replica is None or w == 0.0:
                 continue
             pull.add_(replica.value, alpha=w)
+            if self.per_link:
+                pull.add_(self.own(peer), alpha=-w)
             total += w
         if not total:
             return None
-        return pull.add_(self.public, alpha=-total)
+        return pull if self.per_link else pull.add_(self.public, alpha=-total)
 
 
 def relative_distance(a: torch.Tensor, b: torch.Tensor, floor_rms: float = 1e-2) -> float:

@@ -94,6 +94,10 @@ class PowerConfig:
         )
 
 
+#: How a node paces its links (GossipConfig ``pace``).
+PACES = ("node", "link")
+
+
 @dataclass(frozen=True)
 class GossipConfig:
     """Args:
@@ -137,6 +141,11 @@ class GossipConfig:
         with protocol overhead (node/daemon/pacing.py); None: no cap.
     byte_budget: (bytes, seconds): what the node may send per period, spread over it, and
         heartbeats only once spent (gossip/budget.py); None: no budget. Needs the trigger.
+    pace: ``node``: one public copy, one delta per round for every link, and a round waits
+        until no healthy link still carries the last; ``link``: a public copy per link
+        (gossip/replicas.py ``per_link``), so each link carries rounds at its own pace and a
+        slow neighbour slows only its own link, for a copy of the model per link in memory.
+        Plain mixing only (not with ``robust``).
     """
 
     topology: str = "exponential"
@@ -163,8 +172,16 @@ class GossipConfig:
     outer_momentum: float = 0.9
     max_upload_rate: float | None = None
     byte_budget: tuple[int, float] | None = None
+    pace: str = "node"
 
     def __post_init__(self) -> None:
+        if self.pace not in PACES:
+            raise ValueError(f"unknown pace {self.pace!r}; known: {', '.join(PACES)}")
+        if self.pace == "link" and (self.robust or self.attack is not None):
+            raise ValueError(
+                "--pace link mixes with plain CHOCO only: robust mixing scores one public "
+                "copy per node; leave --robust off or use --pace node"
+            )
         if self.idle_round_interval_s is not None and self.idle_round_interval_s <= 0:
             raise ValueError("idle_round_interval_s must be positive (None: no idle rounds)")
         if self.outer_lr is not None and self.outer_lr <= 0:

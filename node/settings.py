@@ -289,6 +289,11 @@ class GossipSettings(_Schema):
         description="bytes the node may send per period (500MB/day, 2GiB/week), spread over "
         "it; heartbeats only once spent (none: no budget)",
     )  # for metered links; membership is outside it
+    pace: Literal["node", "link"] = Field(
+        "node",
+        description="node: a round waits for every link; link: a public copy per link, each "
+        "link at its own pace (a copy of the model per link in memory)",
+    )
 
 
 def _hours(value: object) -> object:
@@ -469,6 +474,7 @@ FLAG_KEYS: dict[str, str] = {
     "outer-momentum": "gossip.outer_momentum",
     "max-upload-rate": "gossip.max_upload_rate",
     "byte-budget": "gossip.byte_budget",
+    "pace": "gossip.pace",
     "robust": "gossip.robust",
     "byzantine-fraction": "gossip.byzantine_fraction",
     "attack": "gossip.attack",

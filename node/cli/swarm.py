@@ -231,6 +231,8 @@ def node_argv(
     if g.byte_budget is not None:
         nbytes, period_s = g.byte_budget
         argv += ["--byte-budget", f"{nbytes}B/{period_s:g}s"]
+    if g.pace != "node":
+        argv += ["--pace", g.pace]
     if g.attack is not None and index == cfg.nodes - 1:
         argv += ["--attack", g.attack]  # testing robustness: the last node is the attacker
     if cfg.alpha is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -150,32 +150,46 @@ class Gossiper:
 
     # -- rounds -------------------------------------------------------------------------------
 
-    def submit_round(self, step: int) -> Future[Delta | None]:
+    def submit_round(
+        self, step: int, ready: frozenset[str] = frozenset()
+    ) -> Future[Delta | Mapping[str, Delta] | None]:
         """Queue one gossip round on the worker; callable from any thread.
 
         The round is q = Q(x - x̂), x̂ += q, then x += γ Σ w (x̂_j - x̂) (gossip/mixing.py's
         :class:`Mixer`); its result is q, or None when there is no neighbour to send it to (a
         new neighbour starts from a snapshot, so skipping costs nothing) or when the trigger
         finds the round not worth its bytes (x - x̂ keeps the change for a later round).
+        With a copy per link (``--pace link``) the round goes to the links in ``ready`` only,
+        and its result is each one's delta, by neighbour.
         """
 
-        def work() -> Delta | None:
-            made = self.mixer.round(self.flat.flat, self.model_lock)
+        def work() -> Delta | Mapping[str, Delta] | None:
+            made = self.mixer.round(self.flat.flat, self.model_lock, ready)
             if made is None:
                 return None
             self.last_round = made
             _log_decisions(made)
-            return Delta(
-                self.node_id, self.state.session, made.seq, step, made.payload, self._degree
-            )
+            session, degree = self.state.session, self._degree
+            if made.links:
+                return {
+                    peer: Delta(self.node_id, session, seq, step, payload, degree)
+                    for peer, (seq, payload) in made.links.items()
+                }
+            return Delta(self.node_id, session, made.seq, step, made.payload, degree)
 
         return self._pool.submit(work)
 
-    async def snapshot(self) -> tuple[SnapshotHeader, torch.Tensor]:
-        """x̂ as a host tensor with its header, for a neighbour that needs to (re)start a replica."""
+    async def snapshot(self, peer: str = "") -> tuple[SnapshotHeader, torch.Tensor]:
+        """x̂ as a host tensor with its header, for a neighbour that needs to (re)start a
+        replica; with a copy per link, that link's copy, started afresh at the model."""
 
         def work() -> tuple[SnapshotHeader, torch.Tensor]:
-            seq, values = self.state.snapshot()
+            if self.state.per_link:
+                with self.model_lock:
+                    x = self.flat.flat.detach().clone()
+                seq, values = self.state.snapshot_for(peer, x)
+            else:
+                seq, values = self.state.snapshot()
             header = SnapshotHeader(
                 self.node_id, self.state.session, seq, values.numel(), self._degree
             )

@@ -158,6 +158,7 @@ class Node:
             session=runtime.rng.getrandbits(62),
             # With robust mixing a snapshot must also agree with a second member.
             guard=UpdateGuard(consistency=1.0 if g.robust else None),
+            per_link=g.pace == "link",
         )
         if resume is not None:
             self.state.public.copy_(resume.public)

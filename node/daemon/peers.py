@@ -4,13 +4,15 @@ link per neighbour, re-derived whenever the member view changes."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from gossip.budget import ByteBudget
+from gossip.link import round_pace
 from gossip.membership import MemberView
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member, TaskFingerprint
 from gossip.refusals import REFUSALS
@@ -149,14 +151,23 @@ class Peers:
         """Whether links open (only once the node has its starting model)."""
         return self.neighbourhood.linking
 
-    @property
-    def busy(self) -> bool:
-        """Whether some healthy link still carries earlier rounds."""
-        return any(link.busy for link in self.links.values())
+    def pace(self) -> tuple[bool, frozenset[str]]:
+        """Whether a round may begin now, and the links it goes to (gossip/link.py's
+        ``round_pace``: with one public copy, none while a link still carries earlier rounds;
+        with a copy per link, those not busy)."""
+        machines = {peer: link.machine for peer, link in self.links.items()}
+        return round_pace(machines, self.runtime.clock.now(), self.cfg.pace == "link")
 
-    def offer(self, delta: Delta) -> None:
-        for link in self.links.values():
-            link.offer(delta)
+    def offer(self, delta: Delta | Mapping[str, Delta]) -> None:
+        """A round's delta for every link, or (a copy per link) each link's own."""
+        if isinstance(delta, Delta):
+            for link in self.links.values():
+                link.offer(delta)
+            return
+        for peer, own in delta.items():
+            carrier = self.links.get(peer)
+            if carrier is not None:  # else it closed while the round was made
+                carrier.offer(own)
 
     async def leave(self) -> None:
         """Tell the neighbours first, then a few others, that this node leaves."""
@@ -426,7 +437,7 @@ class Peers:
         link = PeerLink(
             peer,
             self.transport,
-            self.gossiper.snapshot,
+            functools.partial(self.gossiper.snapshot, peer.node_id),
             self.link_cfg,
             self.counters,
             self.runtime,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Protocol
 
@@ -27,19 +28,22 @@ from node.telemetry.events import Counters
 __all__ = ["RoundScheduler"]
 
 
+#: A round's deltas: one for every link, or (a copy per link) each link's own, by neighbour.
+Made = Delta | Mapping[str, Delta]
+
+
 class Worker(Protocol):
     """Makes a round where the gossip state lives (node/daemon/gossiper.py)."""
 
-    def submit_round(self, step: int) -> Future[Delta | None]: ...
+    def submit_round(self, step: int, ready: frozenset[str]) -> Future[Made | None]: ...
 
 
 class Links(Protocol):
     """The node's outgoing links (node/daemon/peers.py)."""
 
-    @property
-    def busy(self) -> bool: ...
+    def pace(self) -> tuple[bool, frozenset[str]]: ...
 
-    def offer(self, delta: Delta) -> None: ...
+    def offer(self, delta: Made) -> None: ...
 
 
 class Steps(Protocol):
@@ -92,6 +96,9 @@ class RoundScheduler:
         # the trainer's hold and release, so that a release cannot come before its hold.
         self._holding = False
         self._held_since = 0.0
+        # The links the next round goes to, as the event loop last found them (a copy per
+        # link: the ones not busy; under the lock).
+        self._ready: frozenset[str] = frozenset()
 
     def after_step(self, step: int) -> None:
         """Trainer thread: start a gossip round if one is due and the links can take it;
@@ -138,22 +145,24 @@ class RoundScheduler:
         with self._lock:
             if not self._pacer.begin(step):
                 return False
+            ready = self._ready
         began = self.clock.now()
-        fut = self.worker.submit_round(step)
+        fut = self.worker.submit_round(step, ready)
         fut.add_done_callback(self.signals.on_loop(functools.partial(self._round_made, began)))
         return True
 
     def links_changed(self) -> None:
         """Event loop: a link may have become busy or idle."""
-        idle = not self.links.busy
+        idle, ready = self.links.pace()
         with self._lock:
             self._pacer.links_idle = idle
+            self._ready = ready
         if idle:
             self._retry_held()
         if not self.trainer.running:
             self.signals.changed()  # the start of training waits for links to come up
 
-    def _round_made(self, began: float, fut: Future[Delta | None]) -> None:
+    def _round_made(self, began: float, fut: Future[Made | None]) -> None:
         try:
             if fut.cancelled():
                 return

@@ -21,6 +21,8 @@ import math
 from functools import partial
 from typing import Protocol
 
+import torch
+
 from gossip.budget import ByteBudget
 from gossip.link import Link, LinkConfig, LinkStats, SendDelta
 from gossip.messages import Delta, Member, SnapshotHeader
@@ -54,6 +56,11 @@ class LinkOwner(Protocol):
 
     @property
     def degree(self) -> int: ...
+
+    @property
+    def model(self) -> torch.Tensor:
+        """x, flat (a link's copy, with one per link, starts afresh from it)."""
+        ...
 
     @property
     def counters(self) -> Counters: ...
@@ -138,7 +145,7 @@ class SimLink:
 
     def _send_snapshot(self, epoch: int) -> None:
         owner, sim = self.owner, self.owner.sim
-        seq, values = owner.state.snapshot()
+        seq, values = owner.state.snapshot_for(self.peer.node_id, owner.model)
         header = SnapshotHeader(
             owner.node_id, owner.state.session, seq, values.numel(), owner.degree
         )

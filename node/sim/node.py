@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from gossip.budget import ByteBudget
-from gossip.link import LinkConfig
+from gossip.link import LinkConfig, round_pace
 from gossip.membership import MemberView
 from gossip.messages import PROTOCOL_VERSION, Delta, Member, SnapshotHeader
 from gossip.mixing import MixConfig, Mixer, RoundPacer
@@ -95,7 +95,15 @@ class SimNode:
         )
         rounding = torch.Generator().manual_seed(rng.getrandbits(62))
         guard = UpdateGuard(consistency=1.0 if g.robust else None)  # as the daemon's
-        self.state = GossipState(self.flat.flat, sim.codec, sim.clock, rounding, session, guard)
+        self.state = GossipState(
+            self.flat.flat,
+            sim.codec,
+            sim.clock,
+            rounding,
+            session,
+            guard,
+            per_link=sim.cfg.gossip.pace == "link",
+        )
         self.swim = Swim(
             node_id,
             self.address,
@@ -177,6 +185,10 @@ class SimNode:
     @property
     def degree(self) -> int:
         return len(self.neighbours)
+
+    @property
+    def model(self) -> torch.Tensor:
+        return self.flat.flat
 
     # -- wire sizes, from the daemon's wire module --------------------------------------------
 
@@ -296,23 +308,29 @@ class SimNode:
         self._next_idle_round()
 
     def try_round(self) -> bool:
-        """Make a round unless a link is still busy (RoundPacer); offer it to every link.
+        """Make a round when the links can take it (``round_pace``, RoundPacer); offer it to
+        every link, or with a copy per link each ready link its own delta.
 
         The daemon tells the pacer whenever a link may have turned busy or idle; here nothing
         happens between two events, so asking the links when a round is due is the same.
         """
-        self.pacer.links_idle = not any(link.busy for link in self.links.values())
+        machines = {peer: link.machine for peer, link in self.links.items()}
+        idle, ready = round_pace(machines, self.sim.events.now(), self.state.per_link)
+        self.pacer.links_idle = idle
         if not self.pacer.begin(self.step):
             return False
         try:
-            made = self.mixer.round(self.flat.flat)
+            made = self.mixer.round(self.flat.flat, ready=ready)
             if made is None:
                 return False
-            delta = Delta(
-                self.node_id, self.state.session, made.seq, self.step, made.payload, self.degree
-            )
             self.counters.rounds += 1
             self.evictions.extend(made.newly_evicted)
+            session, step, degree = self.state.session, self.step, self.degree
+            if made.links:
+                for peer, (seq, payload) in made.links.items():
+                    self.links[peer].offer(Delta(self.node_id, session, seq, step, payload, degree))
+                return True
+            delta = Delta(self.node_id, session, made.seq, step, made.payload, degree)
             for link in list(self.links.values()):
                 link.offer(delta)
             return True

@@ -15,7 +15,7 @@ import torch
 from gossip.clock import ManualClock
 from gossip.codecs import get_codec
 from gossip.messages import Delta
-from node.daemon.rounds import RoundScheduler
+from node.daemon.rounds import Made, RoundScheduler
 from node.daemon.signals import Signals
 from node.runtime import Runtime
 from node.telemetry.events import Counters
@@ -25,10 +25,10 @@ TIMEOUT_S = 5.0
 
 class Worker:
     def __init__(self) -> None:
-        self.rounds: list[tuple[int, Future[Delta | None]]] = []
+        self.rounds: list[tuple[int, Future[Made | None]]] = []
 
-    def submit_round(self, step: int) -> Future[Delta | None]:
-        fut: Future[Delta | None] = Future()
+    def submit_round(self, step: int, ready: frozenset[str]) -> Future[Made | None]:
+        fut: Future[Made | None] = Future()
         self.rounds.append((step, fut))
         return fut
 
@@ -36,9 +36,12 @@ class Worker:
 @dataclass
 class Links:
     busy: bool = False
-    offered: list[Delta] = field(default_factory=list)
+    offered: list[Made] = field(default_factory=list)
 
-    def offer(self, delta: Delta) -> None:
+    def pace(self) -> tuple[bool, frozenset[str]]:
+        return not self.busy, frozenset()
+
+    def offer(self, delta: Made) -> None:
         self.offered.append(delta)
 
 

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gossip.clock import ManualClock
 from gossip.codecs import get_codec
+from gossip.messages import Delta
 from gossip.replicas import GossipState
 from node.daemon.flat import FlatParams
 from node.daemon.gossiper import Gossiper
@@ -78,7 +79,7 @@ async def scripted_run(read_status: bool) -> list[object]:
                     f"hear {peer}", lambda p=peer, v=v, s=t: state.receive_snapshot(p, 1, s, v)
                 )
             delta = await asyncio.wrap_future(gossiper.submit_round(t))
-            assert delta is not None
+            assert isinstance(delta, Delta)
             await event(f"round {t}: {delta.payload.data.hex()}")
         decisions.log.append(flat.flat.clone().tolist())
     finally:

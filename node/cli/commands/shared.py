@@ -186,6 +186,13 @@ def add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         help=flag_help("gossip.byte_budget"),
     )
     p.add_argument(
+        "--pace",
+        dest="gossip.pace",
+        choices=("node", "link"),
+        default=d,
+        help=flag_help("gossip.pace"),
+    )
+    p.add_argument(
         "--outer-lr",
         dest="gossip.outer_lr",
         metavar="LR",
