@@ -327,20 +327,9 @@ class Mixer:
             return Round(
                 seq, payload, nobody, self._silenced, self._evicted, {}, frozenset(), {}, {}
             )
-        reason = "always"
-        if self.trigger is not None:
-            hold = False
-            if self.budget is not None:
-                # What the round would send: a delta to every neighbour (the wire adds a few
-                # bytes of header, and the budget its charge).
-                upcoming = state.codec.encoded_nbytes(state.public.numel()) * len(neighbours)
-                hold = self.budget.ahead(upcoming)
-            found = self.trigger.decide(
-                current, state, self._mix_weights(neighbours), cfg.gamma, hold
-            )
-            if found is None:
-                return None
-            reason = found
+        reason = self._worth(current, neighbours, len(neighbours))
+        if reason is None:
+            return None
         seq, payload = state.make_delta(current)  # compression runs outside the lock
         newly_evicted: dict[NodeId, float] = {}
         readmitted: dict[NodeId, float] = {}
@@ -402,18 +391,9 @@ class Mixer:
         guard = lock if lock is not None else contextlib.nullcontext()
         with guard:
             current = x.clone()
-        reason = "always"
-        if self.trigger is not None:
-            hold = False
-            if self.budget is not None:
-                upcoming = state.codec.encoded_nbytes(state.numel) * len(ready)
-                hold = self.budget.ahead(upcoming)
-            found = self.trigger.decide(
-                current, state, self._mix_weights(neighbours), cfg.gamma, hold
-            )
-            if found is None:
-                return None
-            reason = found
+        reason = self._worth(current, neighbours, len(ready))
+        if reason is None:
+            return None
         links: dict[NodeId, tuple[int, Encoded]] = {}
         for peer in sorted(ready):
             made = state.make_link_delta(peer, current)
@@ -448,6 +428,22 @@ class Mixer:
             reason,
             links,
         )
+
+    def _worth(
+        self, current: torch.Tensor, neighbours: frozenset[NodeId], deltas: int
+    ) -> str | None:
+        """Why a round of ``deltas`` deltas is worth making (the trigger's reason, "always"
+        without it), or None when it is not."""
+        if self.trigger is None:
+            return "always"
+        hold = False
+        if self.budget is not None:
+            # What the round would send (the wire adds a few bytes of header, and the budget
+            # its charge).
+            upcoming = self.state.codec.encoded_nbytes(self.state.numel) * deltas
+            hold = self.budget.ahead(upcoming)
+        weights = self._mix_weights(neighbours)
+        return self.trigger.decide(current, self.state, weights, self.cfg.gamma, hold)
 
     def _mix_weights(self, neighbours: frozenset[NodeId]) -> dict[NodeId, float]:
         weights = mixing_weights(self.state, neighbours, len(neighbours), self.cfg.silence_limit_s)
