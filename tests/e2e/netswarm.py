@@ -20,7 +20,7 @@ from node.transport.base import Rejected, Unreachable
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from tests.netns import Testnet
 
-__all__ = ["NetSwarm", "Rates"]
+__all__ = ["LinkRates", "NetSwarm", "Rates"]
 
 START_S = 120.0  # a node's start on two busy cores (torch's import alone takes seconds)
 STATUS_S = 5.0  # one Status call; a lossy link retransmits, so not much less
@@ -35,11 +35,17 @@ class Rates:
     window_s: float
 
 
+#: Deltas a second on each link over a window: (sender's host, receiver's host) -> rate.
+LinkRates = dict[tuple[int, int], float]
+
+
 @dataclass
 class _Sample:
     at: float
     rounds: dict[str, int] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=dict)
+    #: (sender's host, receiver's host) -> deltas the sender has sent on that link.
+    deltas: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 class NetSwarm:
@@ -118,10 +124,18 @@ class NetSwarm:
             got = await self.poll()
             if all(s is not None for s in got):
                 at = time.monotonic()
+                host = {p.address: p.index for p in self.procs}
                 return _Sample(
                     at,
                     {s.node_id: s.rounds for s in got if s is not None},
                     {s.node_id: s.step for s in got if s is not None},
+                    {
+                        (i, host[n.address]): n.deltas_sent
+                        for i, s in enumerate(got)
+                        if s is not None
+                        for n in s.neighbours
+                        if n.address in host
+                    },
                 )
 
     async def rates(self, window_s: float) -> Rates:
@@ -134,3 +148,11 @@ class NetSwarm:
         rounds = sum(b.rounds[i] - a.rounds[i] for i in a.rounds) / n / dt
         steps = sum(b.steps[i] - a.steps[i] for i in a.steps) / n / dt
         return Rates(rounds, steps, dt)
+
+    async def link_rates(self, window_s: float) -> LinkRates:
+        """Deltas a second on each link that was a link at both ends of ``window_s``."""
+        a = await self._sample()
+        await asyncio.sleep(window_s)  # the window a rate is measured over
+        b = await self._sample()
+        dt = b.at - a.at
+        return {k: (b.deltas[k] - a.deltas[k]) / dt for k in a.deltas.keys() & b.deltas.keys()}
