@@ -50,8 +50,10 @@ from gossip.encoded import Encoded
 from gossip.sparse import SPARSE_CODECS
 
 __all__ = [
+    "AUTO_CODECS",
     "CODECS",
     "DEFAULT_FRACTION",
+    "AutoCodec",
     "Codec",
     "CodecError",
     "Compressed",
@@ -224,8 +226,60 @@ CODECS: dict[str, type[Codec]] = {cls.name: cls for cls in (*_DENSE, *SPARSE_COD
 _ALIASES = {"none": "fp32"}
 
 
+#: What ``--compress auto`` chooses among (fp32 brings nothing over fp16 at twice its bytes).
+AUTO_CODECS = ("fp16", "int8", "int4", "sign")
+
+
+class AutoCodec(Codec):
+    """``auto``: each link sends with a codec of its own, chosen from :data:`AUTO_CODECS` by
+    gossip/codec_choice.py; every delta names its codec, so a receiver decodes each with the one
+    it names and a link changes codec without a snapshot (the copy x̂_ij and its replica move by
+    the same decoded values whatever codec made them).
+
+    Used directly (a node without a copy per link, a size estimate), it is its ``initial``.
+    """
+
+    name = "auto"
+    unbiased = False
+
+    def __init__(self, block_size: int = 256, initial: str = "int8") -> None:
+        super().__init__(block_size)
+        self.members: dict[str, Codec] = {c: CODECS[c](block_size) for c in AUTO_CODECS}
+        if initial not in self.members:
+            raise ValueError(f"auto starts from one of {', '.join(AUTO_CODECS)}, not {initial!r}")
+        self.initial = self.members[initial]
+        self.bits = self.initial.bits
+
+    def member(self, name: str) -> Codec:
+        """The codec ``name`` of the set.
+
+        Raises:
+            CodecError: a codec auto does not choose.
+        """
+        found = self.members.get(name)
+        if found is None:
+            raise CodecError(f"auto sends {', '.join(AUTO_CODECS)}; got {name!r}")
+        return found
+
+    def data_nbytes(self, numel: int) -> int:
+        return self.initial.data_nbytes(numel)
+
+    def scales_nbytes(self, numel: int) -> int:
+        return self.initial.scales_nbytes(numel)
+
+    def compress(self, x: torch.Tensor, generator: torch.Generator | None = None) -> Compressed:
+        return self.initial.compress(x, generator)
+
+    def decode(self, enc: Encoded, device: torch.device | str = "cpu") -> torch.Tensor:
+        return self.member(enc.codec).decode(enc, device)
+
+    def validate(self, enc: Encoded) -> None:
+        self.member(enc.codec).validate(enc)
+
+
 def get_codec(name: str, block_size: int = 256, fraction: float = DEFAULT_FRACTION) -> Codec:
-    """The codec called ``name`` (fp32 or none, fp16, int8, int4, sign, topk, randk, dct-topk).
+    """The codec called ``name`` (fp32 or none, fp16, int8, int4, sign, topk, randk, dct-topk,
+    or auto: :class:`AutoCodec`).
 
     ``fraction`` is the share of each block a sparse codec sends; the others ignore it.
 
@@ -233,7 +287,9 @@ def get_codec(name: str, block_size: int = 256, fraction: float = DEFAULT_FRACTI
         ValueError: an unknown name, or settings the codec cannot use.
     """
     key = _ALIASES.get(name, name)
+    if key == AutoCodec.name:
+        return AutoCodec(block_size)
     if key not in CODECS:
-        known = ", ".join(sorted([*CODECS, *_ALIASES]))
+        known = ", ".join(sorted([*CODECS, *_ALIASES, AutoCodec.name]))
         raise ValueError(f"unknown codec {name!r}; known: {known}")
     return CODECS[key].make(block_size, fraction)

@@ -35,9 +35,10 @@ How what comes next fits on it, unchanged:
   pace is offered, when it is not busy, the change accumulated since its own last send (from a
   public copy of its own, with its own error feedback); a budget of bytes holds ``poll`` until
   the budget allows (``poll`` takes the time for that reason).
-* **a codec per link**: the machine never looks inside a payload. A change of codec on a link
-  starts its log afresh: :meth:`Link.resync` owes a snapshot, and the deltas after it are
-  encoded with the new codec.
+* **a codec per link** (``auto``): the machine never looks inside a payload; each delta names
+  its codec, so a link changes codec between two deltas without a snapshot. What the choice
+  needs, how long each codec's deltas take on the link, the machine measures from its own
+  deltas' answers (:attr:`Link.meter`, gossip/link_meter.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from gossip.link_meter import LinkMeter
 from gossip.messages import Delta
 from gossip.outbox import Outbox, OutboxConfig
 from gossip.refusals import Reason, Refusal, Retry, refusal
@@ -165,6 +167,8 @@ class Link:
         self.held_until = -math.inf
         self.outbox = Outbox(cfg.outbox)
         self.stats = LinkStats()
+        #: How long each codec's deltas take on the link, from their answers.
+        self.meter = LinkMeter()
         #: Numbers the snapshots, and the streams that follow them; 0 before the first.
         self.epoch = 0
         self.phase = Phase.IDLE
@@ -244,6 +248,7 @@ class Link:
             delta = self.outbox.next_delta()
             if delta is not None:
                 self.outbox.delta_sent(delta, now)
+                self.meter.sent(now, delta.payload.codec)
                 self.stats.deltas_sent += 1
                 self._backoff_s = self.cfg.backoff_min_s  # the link works again
                 return SendDelta(self.epoch, delta)
@@ -262,6 +267,7 @@ class Link:
         if self.phase is Phase.STREAM:
             self.phase = Phase.IDLE
         self.outbox.refused()
+        self.meter.lost()
 
     def snapshot_taken(self, epoch: int, seq: int, now: float) -> None:
         """x̂ at ``seq`` was read for ``epoch``'s snapshot, which now leaves."""
@@ -283,6 +289,7 @@ class Link:
         """The neighbour applied the oldest unanswered delta of ``epoch``."""
         if epoch == self.epoch and self.phase is Phase.STREAM:
             self.outbox.acked(now)
+            self.meter.answered(now)
 
     def refused(self, epoch: int, reason: Reason, now: float) -> Refusal | None:
         """The neighbour refused a message of ``epoch`` (its stream is dead). Returns how the
@@ -291,6 +298,7 @@ class Link:
             return None
         self.phase = Phase.IDLE
         self.outbox.refused()  # the queue may still serve after the snapshot
+        self.meter.lost()
         treat = refusal(reason)
         self.last_problem = f"a refusal ({reason})"
         if treat.resync:
@@ -309,6 +317,7 @@ class Link:
             return False
         self.phase = Phase.IDLE
         self.outbox.lost()
+        self.meter.lost()
         self.stats.failures += 1
         self.last_problem = "no answer"
         self._back_off(now)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gossip.budget import ByteBudget
-from gossip.codecs import Encoded
+from gossip.codecs import Codec, Encoded
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
 from gossip.robust import ATTACKS, NeighbourScores, attack_target, clipped_consensus_step
@@ -167,6 +167,11 @@ class MixConfig:
         the model, through valid deltas, and do not mix.
     trigger: make a round only when it is worth its bytes (gossip/trigger.py); None: every
         round asked for is made.
+    link_gamma: with a codec per link (``auto``), γ by codec: a link's pair term is mixed
+        with the smaller γ of its two directions' codecs (this node's on the link, and the
+        codec of the neighbour's last delta; the smallest γ before that delta), which both
+        ends compute alike, so the pair's terms still cancel in the mean; ``gamma`` then
+        scales them all. None: one γ for every link.
     """
 
     gamma: float = 1.0  # exact averaging for fp32; harsher codecs need less (DEFAULT_GAMMA)
@@ -175,10 +180,13 @@ class MixConfig:
     byzantine_fraction: float = 0.25  # one bad neighbour in four, ClippedGossip's experiments
     attack: str | None = None
     trigger: TriggerConfig | None = None
+    link_gamma: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.gamma <= 1 or self.silence_limit_s <= 0:
             raise ValueError("need 0 < gamma <= 1 and a positive silence limit")
+        if self.link_gamma is not None and not all(0 < g <= 1 for g in self.link_gamma.values()):
+            raise ValueError(f"every link γ must be in (0, 1], got {dict(self.link_gamma)}")
         if not 0 <= self.byzantine_fraction < 1:
             raise ValueError("byzantine_fraction must be in [0, 1)")
         if self.attack is not None and self.attack not in ATTACKS:
@@ -327,7 +335,7 @@ class Mixer:
             return Round(
                 seq, payload, nobody, self._silenced, self._evicted, {}, frozenset(), {}, {}
             )
-        reason = self._worth(current, neighbours, len(neighbours))
+        reason = self._worth(current, neighbours, [state.codec] * len(neighbours))
         if reason is None:
             return None
         seq, payload = state.make_delta(current)  # compression runs outside the lock
@@ -391,7 +399,7 @@ class Mixer:
         guard = lock if lock is not None else contextlib.nullcontext()
         with guard:
             current = x.clone()
-        reason = self._worth(current, neighbours, len(ready))
+        reason = self._worth(current, neighbours, [state.codec_for(p) for p in ready])
         if reason is None:
             return None
         links: dict[NodeId, tuple[int, Encoded]] = {}
@@ -409,8 +417,11 @@ class Mixer:
             if peer in links and self._mixed.get(peer) != version:
                 weights[peer] = w
                 self._mixed[peer] = version
+        steps = weights
+        if cfg.link_gamma is not None:
+            steps = {p: w * self._pair_gamma(p, cfg.link_gamma) for p, w in weights.items()}
         with guard:
-            mix(state, x, cfg.gamma, weights, self.outer)
+            mix(state, x, cfg.gamma, steps, self.outer)
             after = x.clone() if self.trigger is not None else None
         if self.trigger is not None and after is not None:
             self.trigger.made(after, state.clock.now(), reason)
@@ -429,18 +440,27 @@ class Mixer:
             links,
         )
 
+    def _pair_gamma(self, peer: NodeId, gammas: Mapping[str, float]) -> float:
+        """The γ of the link to ``peer``: the smaller of its two directions' codecs'; before
+        the neighbour's first delta names its codec, the smallest of all, which the other end
+        also uses until it hears ours (a snapshot names no codec)."""
+        theirs = self.state.replicas[peer].codec
+        if not theirs:
+            return min(gammas.values())
+        return min(gammas[self.state.codec_for(peer).name], gammas[theirs])
+
     def _worth(
-        self, current: torch.Tensor, neighbours: frozenset[NodeId], deltas: int
+        self, current: torch.Tensor, neighbours: frozenset[NodeId], deltas: list[Codec]
     ) -> str | None:
-        """Why a round of ``deltas`` deltas is worth making (the trigger's reason, "always"
-        without it), or None when it is not."""
+        """Why a round of a delta by each of ``deltas`` is worth making (the trigger's
+        reason, "always" without it), or None when it is not."""
         if self.trigger is None:
             return "always"
         hold = False
         if self.budget is not None:
             # What the round would send (the wire adds a few bytes of header, and the budget
             # its charge).
-            upcoming = self.state.codec.encoded_nbytes(self.state.numel) * deltas
+            upcoming = sum(c.encoded_nbytes(self.state.numel) for c in deltas)
             hold = self.budget.ahead(upcoming)
         weights = self._mix_weights(neighbours)
         return self.trigger.decide(current, self.state, weights, self.cfg.gamma, hold)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from gossip.clock import Clock
-from gossip.codecs import Codec, CodecError, Encoded, NonFiniteError
+from gossip.codecs import AutoCodec, Codec, CodecError, Encoded, NonFiniteError
 
 __all__ = [
     "GossipError",
@@ -133,6 +133,7 @@ class Replica:
     last_heard: float
     step: int = 0
     degree: int = 0  # the sender's number of neighbours, as it last said
+    codec: str = ""  # the codec of its last delta ("" before the first)
 
 
 @dataclass
@@ -176,6 +177,8 @@ class GossipState:
         self.per_link = per_link
         #: x̂_ij by neighbour, with ``per_link`` (a link's copy starts at its first snapshot).
         self.copies: dict[NodeId, LinkCopy] = {}
+        #: The codec each link sends with, by neighbour, under ``auto`` (its initial otherwise).
+        self.link_codecs: dict[NodeId, str] = {}
         self.guard = guard
         #: The largest distance, in norms of x̂_i, that an accepted update put a replica at
         #: (how close honest traffic comes to ``guard.max_distance``).
@@ -216,6 +219,7 @@ class GossipState:
         self._peers.discard(peer)
         self.replicas.pop(peer, None)
         self.copies.pop(peer, None)
+        self.link_codecs.pop(peer, None)
 
     def set_peers(self, peers: frozenset[NodeId]) -> frozenset[NodeId]:
         """Exchange with exactly ``peers``: forget the others, admit the new ones.
@@ -285,11 +289,31 @@ class GossipState:
         copy = self.copies.get(peer)
         if copy is None:
             return None
-        compressed = self.codec.compress(x - copy.value, self.generator)
+        compressed = self.codec_for(peer).compress(x - copy.value, self.generator)
         copy.value += compressed.value
         copy.seq += 1
         self.seq = max(self.seq, copy.seq)
         return copy.seq, compressed.encoded
+
+    def codec_for(self, peer: NodeId) -> Codec:
+        """The codec the link to ``peer`` sends with: its own under ``auto``, else the node's."""
+        if isinstance(self.codec, AutoCodec):
+            name = self.link_codecs.get(peer)
+            return self.codec.initial if name is None else self.codec.member(name)
+        return self.codec
+
+    def set_link_codec(self, peer: NodeId, name: str) -> None:
+        """Under ``auto`` with ``per_link``: the link to ``peer`` sends its next deltas with
+        ``name``. No snapshot is owed: each delta names its codec, and the link's copy and the
+        neighbour's replica of it move by the same decoded values whatever codec made them.
+
+        Raises:
+            ValueError: not ``auto`` with a copy per link, or a codec auto does not choose.
+        """
+        if not (self.per_link and isinstance(self.codec, AutoCodec)):
+            raise ValueError("only auto with a copy per link sends a codec per link")
+        self.codec.member(name)
+        self.link_codecs[peer] = name
 
     def note_model(self, x: torch.Tensor) -> None:
         """With ``per_link``: x as this round saw it becomes ``public`` (see the class)."""
@@ -342,6 +366,7 @@ class GossipState:
         replica.seq = seq
         replica.step = step
         replica.degree = degree
+        replica.codec = payload.codec
         replica.last_heard = self.clock.now()
         return seq
 

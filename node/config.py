@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gossip.budget import BudgetConfig
-from gossip.codecs import CODECS, DEFAULT_FRACTION
+from gossip.codecs import AUTO_CODECS, CODECS, DEFAULT_FRACTION, AutoCodec
 from gossip.robust import ATTACKS  # test-only attacks (GossipConfig.attack)
 from gossip.swim import SwimConfig
 from gossip.swim_messages import check_region
@@ -106,7 +106,10 @@ class GossipConfig:
         regional.
     region: this node's region, in its signed member record (regional keeps most edges inside
         a region and ``degree`` across between each two); empty: none.
-    codec: fp32 (alias none), fp16, int8, int4, sign, topk, randk or dct-topk.
+    codec: fp32 (alias none), fp16, int8, int4, sign, topk, randk or dct-topk; or ``auto``:
+        each link picks among fp16, int8, int4 and sign the codec that brings the most
+        consensus per second at its measured rate and round trip (gossip/codec_choice.py),
+        each pair of codecs mixing at the smaller default γ of the two (needs ``pace`` link).
     block_size: values per quantization scale (per top-k selection, for the sparse codecs).
     compress_fraction: share of each block the sparse codecs send (topk, randk, dct-topk).
     gamma: consensus step size; None picks :data:`DEFAULT_GAMMA` for the codec (for a sparse
@@ -189,9 +192,15 @@ class GossipConfig:
         if not 0 <= self.outer_momentum < 1:
             raise ValueError(f"outer_momentum must be in [0, 1), got {self.outer_momentum}")
         codec = "fp32" if self.codec == "none" else self.codec
-        if codec not in CODECS:
-            raise ValueError(f"unknown codec {self.codec!r}; known: none, {', '.join(CODECS)}")
+        if codec not in CODECS and codec != AutoCodec.name:
+            known = ", ".join([*CODECS, AutoCodec.name])
+            raise ValueError(f"unknown codec {self.codec!r}; known: none, {known}")
         object.__setattr__(self, "codec", codec)
+        if codec == AutoCodec.name and self.pace != "link":
+            raise ValueError(
+                "--compress auto picks a codec per link, which needs a copy of the model per "
+                "link: add --pace link"
+            )
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"unknown topology {self.topology!r}; known: {', '.join(TOPOLOGIES)}")
         check_region(self.region)
@@ -206,7 +215,8 @@ class GossipConfig:
             )
         if self.block_size <= 0 or self.block_size % 8:
             raise ValueError("block_size must be a positive multiple of 8")
-        CODECS[codec].make(self.block_size, self.compress_fraction)  # raises on settings it refuses
+        if codec in CODECS:
+            CODECS[codec].make(self.block_size, self.compress_fraction)  # raises on what it refuses
         if not 0 <= self.byzantine_fraction < 1:
             raise ValueError("byzantine_fraction must be in [0, 1)")
         if self.attack is not None and self.attack not in ATTACKS:
@@ -241,10 +251,20 @@ class GossipConfig:
         return TriggerConfig(self.trigger_threshold, self.heartbeat_s)
 
     @property
+    def link_gamma(self) -> dict[str, float] | None:
+        """With ``auto`` and no γ given, the γ of each codec a link may pick; None otherwise
+        (one γ, :attr:`step_size`, for every link)."""
+        if self.codec != AutoCodec.name or self.gamma is not None:
+            return None
+        return {c: DEFAULT_GAMMA[c] for c in AUTO_CODECS}
+
+    @property
     def step_size(self) -> float:
         """γ: as given, or the codec's default (for a sparse codec, in proportion to its share)."""
         if self.gamma is not None:
             return self.gamma
+        if self.codec == AutoCodec.name:
+            return 1.0  # each link's γ is its codecs' (link_gamma)
         if self.codec in SPARSE_GAMMA_PER_SHARE:
             k = round(self.compress_fraction * self.block_size)
             return min(1.0, SPARSE_GAMMA_PER_SHARE[self.codec] * k / self.block_size)

@@ -54,9 +54,11 @@ __all__ = [
     "keys",
 ]
 
-#: The codecs of ``gossip/codecs.py`` (``none`` is fp32), named here so that the CLI need not
-#: import torch to list them; a test checks that they agree.
-CODEC_NAMES = ("none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk")
+#: The codecs of ``gossip/codecs.py`` (``none`` is fp32; ``auto`` one per link), named here so
+#: that the CLI need not import torch to list them; a test checks that they agree.
+CODEC_NAMES = (
+    "none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk", "auto"
+)  # fmt: skip
 #: The graphs of ``gossip/topology.py`` (likewise checked by a test).
 TOPOLOGY_NAMES = ("ring", "exponential", "random-regular", "regional")
 #: Test-only attacks a node can mount on its neighbours (``GossipConfig.attack``).
@@ -232,8 +234,10 @@ class GossipSettings(_Schema):
     region: Annotated[str, AfterValidator(check_region)] = Field(
         "", description="this node's region, for the regional topology"
     )
-    codec: Literal["none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk"] = (
-        Field("int8", description="codec of the model deltas")
+    codec: Literal[
+        "none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk", "auto"
+    ] = Field(  # CODEC_NAMES
+        "int8", description="codec of the model deltas (auto: one per link, by measurement)"
     )  # a quarter of fp32's bytes, and CHOCO converges as with fp32
     compress_fraction: Annotated[float, Field(gt=0, le=1)] = Field(
         0.01, description="share of each block the sparse codecs (topk, randk, dct-topk) send"

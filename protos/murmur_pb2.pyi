@@ -214,7 +214,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NeighbourStatus(_message.Message):
-    __slots__ = ("node_id", "address", "replica_seq", "silent_s", "in_mix", "bytes_sent", "deltas_sent", "snapshots_sent", "distance_rms", "weight", "bytes_received", "region")
+    __slots__ = ("node_id", "address", "replica_seq", "silent_s", "in_mix", "bytes_sent", "deltas_sent", "snapshots_sent", "distance_rms", "weight", "bytes_received", "region", "codec")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +227,7 @@ class NeighbourStatus(_message.Message):
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     replica_seq: int
@@ -239,7 +240,8 @@ class NeighbourStatus(_message.Message):
     weight: float
     bytes_received: int
     region: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ..., weight: _Optional[float] = ..., bytes_received: _Optional[int] = ..., region: _Optional[str] = ...) -> None: ...
+    codec: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., replica_seq: _Optional[int] = ..., silent_s: _Optional[float] = ..., in_mix: _Optional[bool] = ..., bytes_sent: _Optional[int] = ..., deltas_sent: _Optional[int] = ..., snapshots_sent: _Optional[int] = ..., distance_rms: _Optional[float] = ..., weight: _Optional[float] = ..., bytes_received: _Optional[int] = ..., region: _Optional[str] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("node_id", "address", "device", "codec", "step", "step_budget", "training_done", "train_loss", "eval_accuracy", "rounds", "bytes_sent", "bytes_sent_fp32", "bytes_received", "samples_per_s", "neighbours", "members", "rejected", "samples", "eval_loss", "eval_step", "eval_age_s", "member_counts", "sessions", "relayed_bytes", "rounds_skipped", "relay_faults", "budget_bytes", "budget_period_s", "budget_left_bytes", "budget_resets_in_s", "paused", "pause_reason", "held_s", "region")

@@ -43,6 +43,7 @@ class NeighbourView:
     in_mix: bool
     distance_rms: float  # RMS of x_i - x̂_j; -1 without a replica
     weight: float  # w_ij in this round's mix; 0 when out of it
+    codec: str = ""  # what this node's deltas to it are encoded with
 
 
 class Gossiper:
@@ -80,6 +81,7 @@ class Gossiper:
         outer: OuterNesterov | None = None,
         trigger: TriggerConfig | None = None,
         budget: ByteBudget | None = None,
+        link_gamma: Mapping[str, float] | None = None,
     ) -> None:
         self.node_id = node_id
         self.state = state
@@ -88,7 +90,9 @@ class Gossiper:
         self.clock = clock
         self.mixer = Mixer(
             state,
-            MixConfig(gamma, silence_limit_s, robust, byzantine_fraction, attack, trigger),
+            MixConfig(
+                gamma, silence_limit_s, robust, byzantine_fraction, attack, trigger, link_gamma
+            ),
             outer,
             torch.Generator(device=state.device).manual_seed(0),
             budget,
@@ -98,6 +102,9 @@ class Gossiper:
         self.replicated: frozenset[str] = frozenset()
         #: What the last round made and decided (weights, who is out of the mix); None before.
         self.last_round: Round | None = None
+        #: Under ``auto``, each link's codec as the event loop last chose it (node/daemon/
+        #: peers.py); replaced whole, never changed in place, so the worker may read it.
+        self.link_codecs: Mapping[str, str] = {}
         self._degree = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gossip")
 
@@ -164,6 +171,10 @@ class Gossiper:
         """
 
         def work() -> Delta | Mapping[str, Delta] | None:
+            chosen, peers = self.link_codecs, self.state.peers
+            for peer, name in chosen.items():
+                if peer in peers:
+                    self.state.set_link_codec(peer, name)
             made = self.mixer.round(self.flat.flat, self.model_lock, ready)
             if made is None:
                 return None
@@ -236,6 +247,7 @@ class Gossiper:
                     distance_rms=-1.0
                     if replica is None
                     else float((x - replica.value).pow(2).mean().sqrt()),
+                    codec=self.state.codec_for(peer).name,
                 )
             return views
 

@@ -188,6 +188,7 @@ class Node:
             outer=OuterNesterov(g.outer_lr, g.outer_momentum) if g.outer_lr else None,
             trigger=g.trigger_config,
             budget=self.budget,
+            link_gamma=g.link_gamma,
         )
         self.phase = Phase()
         self.signals = signals = Signals(self.node_id[:8])
@@ -234,6 +235,7 @@ class Node:
             on_revocations=functools.partial(keep_revocations, revocations_path(cfg)),
             budget=self.budget,
         )
+        self.peers.compute_s = self._compute_s
         self.keeper = StateKeeper(
             cfg,
             self.node_id,
@@ -509,6 +511,14 @@ class Node:
 
     def _after_step(self, step: int) -> None:
         self.rounds.after_step(step)
+
+    def _compute_s(self) -> float:
+        """Seconds of training between two rounds (``local_steps`` steps at the trainer's
+        pace): what a round on a link never takes less than, for ``--compress auto``."""
+        rate = self.trainer.samples_per_s
+        if rate <= 0:
+            return 0.0
+        return self.cfg.gossip.local_steps * self.trainer.task.batch_size / rate
 
     def _links_changed(self) -> None:
         self.rounds.links_changed()

@@ -12,6 +12,8 @@ from dataclasses import replace
 from typing import Any
 
 from gossip.budget import ByteBudget
+from gossip.codec_choice import LinkCodecs, choose_link_codecs
+from gossip.codecs import AutoCodec
 from gossip.link import round_pace
 from gossip.membership import MemberView
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member, TaskFingerprint
@@ -136,6 +138,10 @@ class Peers:
         self._on_view_change = on_view_change
         self._on_links_change = on_links_change
         self._topology_lock = asyncio.Lock()
+        #: Under ``--compress auto``, each link's codec from its meter (None: one codec).
+        self.codecs = LinkCodecs(gossiper.numel) if cfg.codec == AutoCodec.name else None
+        #: The node's seconds of local steps between two rounds (the trainer's, once it runs).
+        self.compute_s: Callable[[], float] = lambda: 0.0
 
     def set_address(self, address: str) -> None:
         """Where others reach this node; set once it serves, before it talks to anyone."""
@@ -156,6 +162,11 @@ class Peers:
         ``round_pace``: with one public copy, none while a link still carries earlier rounds;
         with a copy per link, those not busy)."""
         machines = {peer: link.machine for peer, link in self.links.items()}
+        if self.codecs is not None:
+            meters = {peer: m.meter for peer, m in machines.items()}
+            now = self.runtime.clock.now()
+            chosen = choose_link_codecs(self.codecs, meters, self.compute_s(), now)
+            self.gossiper.link_codecs = chosen  # whole: the worker reads it
         return round_pace(machines, self.runtime.clock.now(), self.cfg.pace == "link")
 
     def offer(self, delta: Delta | Mapping[str, Delta]) -> None:

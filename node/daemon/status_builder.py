@@ -102,6 +102,7 @@ class StatusBuilder:
                     weight=v.weight,
                     bytes_received=self.counters.received_from.get(peer_id, 0),
                     region=regions.get(peer_id, ""),
+                    codec=v.codec,
                 )
             )
         ev = self.trainer.last_eval

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from gossip.budget import ByteBudget
+from gossip.codec_choice import LinkCodecs, choose_link_codecs
+from gossip.codecs import AutoCodec
 from gossip.link import LinkConfig, round_pace
 from gossip.membership import MemberView
 from gossip.messages import PROTOCOL_VERSION, Delta, Member, SnapshotHeader
@@ -121,8 +123,16 @@ class SimNode:
         self.attack = attack
         outer = OuterNesterov(g.outer_lr, g.outer_momentum) if g.outer_lr else None
         mix = MixConfig(
-            g.step_size, g.silence_limit_s, g.robust, g.byzantine_fraction, attack, g.trigger_config
+            g.step_size,
+            g.silence_limit_s,
+            g.robust,
+            g.byzantine_fraction,
+            attack,
+            g.trigger_config,
+            g.link_gamma,
         )
+        #: Under ``--compress auto``, each link's codec from its meter, as the daemon's.
+        self.codecs = LinkCodecs(self.state.numel) if g.codec == AutoCodec.name else None
         budget_cfg = g.budget_config
         #: The byte budget (gossip/budget.py) on the simulation's clock; its links spend it.
         self.budget = (
@@ -319,6 +329,14 @@ class SimNode:
         self.pacer.links_idle = idle
         if not self.pacer.begin(self.step):
             return False
+        if self.codecs is not None:
+            meters = {peer: m.meter for peer, m in machines.items()}
+            compute_s = self.step_s * self.sim.cfg.gossip.local_steps
+            now = self.sim.events.now()
+            chosen = choose_link_codecs(self.codecs, meters, compute_s, now)
+            for peer, name in chosen.items():
+                if peer in self.state.peers:
+                    self.state.set_link_codec(peer, name)
         try:
             made = self.mixer.round(self.flat.flat, ready=ready)
             if made is None:

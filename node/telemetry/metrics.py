@@ -241,8 +241,16 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
     weight = GaugeMetricFamily(
         "murmur_neighbour_weight", "The neighbour's mixing weight w_ij.", labels=label
     )
+    codec = GaugeMetricFamily(
+        "murmur_neighbour_codec",
+        "1 for the codec this node's deltas to each neighbour are encoded with (under "
+        "--compress auto, the link's own pick).",
+        labels=[*label, "codec"],
+    )
     known = []
     for n in s.neighbours:
+        if n.codec:
+            codec.add_metric([n.node_id, n.codec], 1.0)
         sent.add_metric([n.node_id], n.bytes_sent)
         received.add_metric([n.node_id], n.bytes_received)
         staleness.add_metric([n.node_id], n.silent_s if n.silent_s >= 0 else math.nan)
@@ -251,7 +259,7 @@ def status_metrics(s: NodeStatus) -> list[Metric]:
         weight.add_metric([n.node_id], n.weight)
         if n.distance_rms >= 0:
             known.append(n.distance_rms)
-    out += [sent, received, staleness, distance, in_mix, weight]
+    out += [sent, received, staleness, distance, in_mix, weight, codec]
     out.append(
         _gauge(
             "murmur_distance_to_neighbours_rms",

@@ -43,6 +43,7 @@ class NeighbourStatus:
     weight: float = 0.0  # w_ij in the mix; 0 when out of it
     bytes_received: int = 0
     region: str = ""  # as the neighbour's record names it
+    codec: str = ""  # what this node's deltas to it are encoded with (auto: the link's pick)
 
 
 @dataclass(frozen=True)
@@ -200,10 +201,13 @@ def format_status(s: NodeStatus) -> str:
     if s.rejected:
         lines.append("  rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(s.rejected.items())))
     regions = bool(s.region) or any(n.region for n in s.neighbours)
+    per_link = any(n.codec and n.codec != s.codec for n in s.neighbours)  # auto picks per link
     lines.append(f"  neighbours ({len(s.neighbours)}):")
     lines.append(
         f"    {'node':12} {'address':21} {'seq':>6} {'silent':>7} {'mix':>3} "
-        f"{'distance':>9} {'sent':>10}" + (" region" if regions else "")
+        f"{'distance':>9} {'sent':>10}"
+        + (" codec" if per_link else "")
+        + (" region" if regions else "")
     )
     for n in s.neighbours:
         silent = f"{n.silent_s:.1f}s" if n.silent_s >= 0 else "never"
@@ -211,6 +215,7 @@ def format_status(s: NodeStatus) -> str:
         lines.append(
             f"    {n.node_id[:12]:12} {n.address:21} {n.replica_seq:>6} {silent:>7} "
             f"{'yes' if n.in_mix else 'no':>3} {dist:>9} {fmt_size(n.bytes_sent):>10}"
+            + (f" {n.codec or '-':5}" if per_link else "")
             + (f" {n.region or '-'}" if regions else "")
         )
     lines.append(f"  members ({s.live_members} live):")

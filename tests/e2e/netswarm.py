@@ -149,6 +149,18 @@ class NetSwarm:
         steps = sum(b.steps[i] - a.steps[i] for i in a.steps) / n / dt
         return Rates(rounds, steps, dt)
 
+    async def link_codecs(self) -> dict[tuple[int, int], str]:
+        """The codec each link (i, j) encodes its deltas with, as node i's Status says."""
+        got = await self.poll()
+        host = {p.address: p.index for p in self.procs}
+        return {
+            (i, host[n.address]): n.codec
+            for i, s in enumerate(got)
+            if s is not None
+            for n in s.neighbours
+            if n.address in host
+        }
+
     async def link_rates(self, window_s: float) -> LinkRates:
         """Deltas a second on each link that was a link at both ends of ``window_s``."""
         a = await self._sample()

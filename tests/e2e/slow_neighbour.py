@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from node.cli.swarm import SwarmConfig
 from node.config import GossipConfig
@@ -27,6 +29,7 @@ __all__ = ["Phases", "measure"]
 SHAPE = str(Path(__file__).resolve().parents[2] / "scripts" / "shape-link")
 N = 6
 SLOW = N - 1  # the host behind the slow link
+T = TypeVar("T")
 SETTLE_S = 3.0  # after the link changes, before a rate is measured: TCP finds the new pace
 
 
@@ -37,6 +40,14 @@ class Phases:
 
     fast_links: dict[str, list[float]] = field(default_factory=lambda: {"fast": [], "slow": []})
     slow_links: dict[str, list[float]] = field(default_factory=lambda: {"fast": [], "slow": []})
+    #: Per phase, one entry per repeat: the codecs of the fast links and of the slow links at
+    #: the end of the phase (under ``--compress auto`` each link's own pick).
+    fast_codecs: dict[str, list[list[str]]] = field(
+        default_factory=lambda: {"fast": [], "slow": []}
+    )
+    slow_codecs: dict[str, list[list[str]]] = field(
+        default_factory=lambda: {"fast": [], "slow": []}
+    )
     codes: list[int] = field(default_factory=list)
 
     def ratio(self) -> float:
@@ -61,14 +72,33 @@ def _shape(net: Testnet, rate: str | None) -> None:
             raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
 
 
+def _split(links: dict[tuple[int, int], T]) -> tuple[list[T], list[T]]:
+    """(fast links, slow links): the values of each kind in ``links``."""
+    near = {i for (i, j) in links if j == SLOW}  # the slow node's neighbours
+    fast = [r for (i, j), r in sorted(links.items()) if i in near and j != SLOW]
+    slow = [r for (i, j), r in sorted(links.items()) if i in near and j == SLOW]
+    if not fast or not slow:
+        raise AssertionError(f"no fast or no slow links to measure among {sorted(links)}")
+    return fast, slow
+
+
 def _means(rates: LinkRates) -> tuple[float, float]:
     """(fast links, slow links): the mean deltas a second of each kind in ``rates``."""
-    near = {i for (i, j) in rates if j == SLOW}  # the slow node's neighbours
-    fast = [r for (i, j), r in rates.items() if i in near and j != SLOW]
-    slow = [r for (i, j), r in rates.items() if i in near and j == SLOW]
-    if not fast or not slow:
-        raise AssertionError(f"no fast or no slow links to measure among {sorted(rates)}")
+    fast, slow = _split(rates)
     return sum(fast) / len(fast), sum(slow) / len(slow)
+
+
+async def _usual_codecs(swarm: NetSwarm, readings: int = 5) -> dict[tuple[int, int], str]:
+    """Each link's codec as most of ``readings`` Status reads half a second apart found it:
+    ``auto`` explores now and then (a few deltas of another codec), and one read may land on
+    that."""
+    seen: dict[tuple[int, int], list[str]] = {}
+    for k in range(readings):
+        if k:
+            await asyncio.sleep(0.5)  # a sampling period, not a wait for an event
+        for link, codec in (await swarm.link_codecs()).items():
+            seen.setdefault(link, []).append(codec)
+    return {link: Counter(codecs).most_common(1)[0][0] for link, codecs in seen.items()}
 
 
 async def measure(
@@ -110,6 +140,9 @@ async def measure(
                     fast, slow = _means(await swarm.link_rates(window_s))
                     out.fast_links[phase].append(fast)
                     out.slow_links[phase].append(slow)
+                    fast_codecs, slow_codecs = _split(await _usual_codecs(swarm))
+                    out.fast_codecs[phase].append(fast_codecs)
+                    out.slow_codecs[phase].append(slow_codecs)
         finally:
             out.codes = await swarm.stop()
     return out

@@ -178,7 +178,7 @@ def test_the_schema_covers_every_field_of_the_frozen_configs_with_their_defaults
 
 
 def test_the_names_the_cli_lists_without_torch_are_the_cores() -> None:
-    assert set(CODEC_NAMES) == {"none", *CODECS}
+    assert set(CODEC_NAMES) == {"none", "auto", *CODECS}
     assert set(TOPOLOGY_NAMES) == set(TOPOLOGIES)
     assert SETTINGS_ATTACKS == ATTACKS
 

@@ -1,0 +1,111 @@
+"""``--compress auto`` in the node: the flags, the simulator's choice on fast and slow links,
+and daemons over the in-memory transport whose links pick their codecs, keep each link's
+replica bit-identical to its sender's copy, and show the pick in status, text and metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gossip.codecs import AUTO_CODECS
+from node.cli.commands.run import build_node_config
+from node.cli.commands.shared import gossip_config
+from node.cli.main import main, make_parser
+from node.cli.swarm import SwarmConfig, node_argv
+from node.config import GossipConfig
+from node.daemon.node import Node
+from node.sim import NetConfig, SimConfig, Simulation
+from node.telemetry.metrics import status_metrics
+from node.telemetry.status import format_status
+from tests.node.helpers import memory_swarm
+
+AUTO = GossipConfig(codec="auto", pace="link")
+TIMEOUT_S = 60.0
+
+
+def test_the_flags_reach_each_command() -> None:
+    argv = ["--compress", "auto", "--pace", "link"]
+    assert build_node_config(make_parser().parse_args(["run", *argv])).gossip == AUTO
+    assert gossip_config(make_parser().parse_args(["simulate", *argv])) == AUTO
+    swarm_argv = node_argv(SwarmConfig(gossip=AUTO), 1, Path("/tmp/n1"), "127.0.0.1:1")
+    assert build_node_config(make_parser().parse_args(swarm_argv[3:])).gossip == AUTO
+
+
+def test_auto_without_a_copy_per_link_is_refused_with_the_fix(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", "--compress", "auto", "--nodes", "2", "--quiet"]) == 2
+    assert "add --pace link" in capsys.readouterr().err
+
+
+def link_replicas_exact(nodes: dict[str, object]) -> bool:
+    """Every replica is, to the bit, the copy its sender keeps for that link."""
+    return all(
+        torch.equal(replica.value, nodes[peer].state.copies[me].value)  # type: ignore[attr-defined]
+        for me, node in nodes.items()
+        for peer, replica in node.state.replicas.items()  # type: ignore[attr-defined]
+    )
+
+
+@pytest.mark.parametrize(
+    ("bandwidth", "picks"),
+    [
+        (1.25e9, {"fp16"}),  # 10 Gbit/s: compute sets the pace, the fewest rounds win
+        (2.5e4, {"int8", "int4"}),  # 200 kbit/s: bytes set it
+    ],
+)
+def test_simulated_links_pick_by_their_rate(bandwidth: float, picks: set[str]) -> None:
+    cfg = SimConfig(
+        nodes=6,
+        duration_s=4.0,
+        eval_every_s=4.0,
+        task="digits",
+        gossip=GossipConfig(codec="auto", pace="link", idle_round_interval_s=None),
+        steps=100,
+        net=NetConfig(latency_s=(0.001, 0.002), bandwidth_bps=bandwidth),
+    )
+    sim = Simulation(cfg)
+    sim.events.run_until(30.0)  # 100 steps, then the last deltas land: nothing moves after
+    nodes = {n.node_id: n for n in sim.nodes.values()}
+    chosen = {n.state.codec_for(p).name for n in nodes.values() for p in n.state.copies}
+    assert chosen
+    assert chosen <= picks
+    sent = {r.codec for n in nodes.values() for r in n.state.replicas.values()}
+    assert sent == chosen  # what the last deltas named
+    assert link_replicas_exact(nodes)  # type: ignore[arg-type]
+
+
+async def test_daemons_pick_a_codec_per_link_and_show_it(tmp_path: Path) -> None:
+    settings = {
+        "trainer.steps": 200,
+        "gossip.codec": "auto",
+        "gossip.pace": "link",
+        "gossip.idle_round_interval_s": None,
+    }
+    async with memory_swarm(tmp_path, 3, settings) as nodes:
+        for n in nodes:
+            await n.wait_until(n.training_finished.is_set, TIMEOUT_S)
+        by_id: dict[str, Node] = {n.node_id: n for n in nodes}
+
+        def settled() -> bool:
+            return all(n.state.replicas.keys() == n.state.copies.keys() for n in nodes) and (
+                link_replicas_exact(by_id)  # type: ignore[arg-type]
+            )
+
+        await nodes[0].wait_until(settled, TIMEOUT_S)
+        for n in nodes:
+            status = await n.status()
+            assert status.codec == "auto"
+            picks = {nb.codec for nb in status.neighbours}
+            assert picks <= set(AUTO_CODECS)
+            assert len(status.neighbours) == 2
+            assert picks == {n.state.codec_for(p).name for p in n.state.copies}
+            shown = format_status(status)
+            assert " codec" in shown.splitlines()[shown.splitlines().index("  neighbours (2):") + 1]
+            metric = next(m for m in status_metrics(status) if m.name == "murmur_neighbour_codec")
+            assert {s.labels["codec"] for s in metric.samples} == picks
+            assert n.trainer.last_eval is not None
+            assert n.trainer.last_eval.accuracy >= 0.85
+            assert n.counters.rejected == {}
