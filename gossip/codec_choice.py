@@ -38,7 +38,6 @@ __all__ = [
     "LinkCodecs",
     "LinkMeasure",
     "choose_codec",
-    "choose_link_codecs",
     "round_time_s",
 ]
 
@@ -203,12 +202,3 @@ class LinkCodecs:
             if fixed >= 0:
                 return fixed, per_byte
         return 0.0, sum(t * x for x, t in zip(xs, ts, strict=True)) / sum(x * x for x in xs)
-
-
-def choose_link_codecs(
-    codecs: LinkCodecs, meters: Mapping[str, LinkMeter], compute_s: float, now: float
-) -> dict[str, str]:
-    """Each link's codec now, from its meter (the daemon's and the simulator's rule, so that
-    both choose alike): ``compute_s`` is the node's time for the local steps between two
-    rounds."""
-    return codecs.update(meters, compute_s, now)

@@ -315,6 +315,13 @@ class GossipState:
         self.codec.member(name)
         self.link_codecs[peer] = name
 
+    def set_link_codecs(self, chosen: Mapping[NodeId, str]) -> None:
+        """:meth:`set_link_codec` for each of ``chosen`` that is a peer now (a pick made
+        for a link that has closed since is dropped)."""
+        for peer, name in chosen.items():
+            if peer in self._peers:
+                self.set_link_codec(peer, name)
+
     def note_model(self, x: torch.Tensor) -> None:
         """With ``per_link``: x as this round saw it becomes ``public`` (see the class)."""
         self.public.copy_(x)

@@ -171,10 +171,7 @@ class Gossiper:
         """
 
         def work() -> Delta | Mapping[str, Delta] | None:
-            chosen, peers = self.link_codecs, self.state.peers
-            for peer, name in chosen.items():
-                if peer in peers:
-                    self.state.set_link_codec(peer, name)
+            self.state.set_link_codecs(self.link_codecs)
             made = self.mixer.round(self.flat.flat, self.model_lock, ready)
             if made is None:
                 return None

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from gossip.budget import ByteBudget
-from gossip.codec_choice import LinkCodecs, choose_link_codecs
+from gossip.codec_choice import LinkCodecs
 from gossip.codecs import AutoCodec
 from gossip.link import round_pace
 from gossip.membership import MemberView
@@ -165,8 +165,8 @@ class Peers:
         if self.codecs is not None:
             meters = {peer: m.meter for peer, m in machines.items()}
             now = self.runtime.clock.now()
-            chosen = choose_link_codecs(self.codecs, meters, self.compute_s(), now)
-            self.gossiper.link_codecs = chosen  # whole: the worker reads it
+            # Replaced whole: the worker reads it.
+            self.gossiper.link_codecs = self.codecs.update(meters, self.compute_s(), now)
         return round_pace(machines, self.runtime.clock.now(), self.cfg.pace == "link")
 
     def offer(self, delta: Delta | Mapping[str, Delta]) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from gossip.budget import ByteBudget
-from gossip.codec_choice import LinkCodecs, choose_link_codecs
+from gossip.codec_choice import LinkCodecs
 from gossip.codecs import AutoCodec
 from gossip.link import LinkConfig, round_pace
 from gossip.membership import MemberView
@@ -333,10 +333,7 @@ class SimNode:
             meters = {peer: m.meter for peer, m in machines.items()}
             compute_s = self.step_s * self.sim.cfg.gossip.local_steps
             now = self.sim.events.now()
-            chosen = choose_link_codecs(self.codecs, meters, compute_s, now)
-            for peer, name in chosen.items():
-                if peer in self.state.peers:
-                    self.state.set_link_codec(peer, name)
+            self.state.set_link_codecs(self.codecs.update(meters, compute_s, now))
         try:
             made = self.mixer.round(self.flat.flat, ready=ready)
             if made is None:

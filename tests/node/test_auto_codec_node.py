@@ -4,12 +4,15 @@ replica bit-identical to its sender's copy, and show the pick in status, text an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 import torch
 
 from gossip.codecs import AUTO_CODECS
+from gossip.replicas import GossipState
 from node.cli.commands.run import build_node_config
 from node.cli.commands.shared import gossip_config
 from node.cli.main import main, make_parser
@@ -40,12 +43,18 @@ def test_auto_without_a_copy_per_link_is_refused_with_the_fix(
     assert "add --pace link" in capsys.readouterr().err
 
 
-def link_replicas_exact(nodes: dict[str, object]) -> bool:
+class HasState(Protocol):
+    """A daemon's node or a simulated one: both keep their gossip state here."""
+
+    state: GossipState
+
+
+def link_replicas_exact(nodes: Mapping[str, HasState]) -> bool:
     """Every replica is, to the bit, the copy its sender keeps for that link."""
     return all(
-        torch.equal(replica.value, nodes[peer].state.copies[me].value)  # type: ignore[attr-defined]
+        torch.equal(replica.value, nodes[peer].state.copies[me].value)
         for me, node in nodes.items()
-        for peer, replica in node.state.replicas.items()  # type: ignore[attr-defined]
+        for peer, replica in node.state.replicas.items()
     )
 
 
@@ -74,7 +83,7 @@ def test_simulated_links_pick_by_their_rate(bandwidth: float, picks: set[str]) -
     assert chosen <= picks
     sent = {r.codec for n in nodes.values() for r in n.state.replicas.values()}
     assert sent == chosen  # what the last deltas named
-    assert link_replicas_exact(nodes)  # type: ignore[arg-type]
+    assert link_replicas_exact(nodes)
 
 
 async def test_daemons_pick_a_codec_per_link_and_show_it(tmp_path: Path) -> None:
@@ -90,9 +99,9 @@ async def test_daemons_pick_a_codec_per_link_and_show_it(tmp_path: Path) -> None
         by_id: dict[str, Node] = {n.node_id: n for n in nodes}
 
         def settled() -> bool:
-            return all(n.state.replicas.keys() == n.state.copies.keys() for n in nodes) and (
-                link_replicas_exact(by_id)  # type: ignore[arg-type]
-            )
+            return all(
+                n.state.replicas.keys() == n.state.copies.keys() for n in nodes
+            ) and link_replicas_exact(by_id)
 
         await nodes[0].wait_until(settled, TIMEOUT_S)
         for n in nodes:
