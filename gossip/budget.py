@@ -109,18 +109,32 @@ class ByteBudget:
         grows; else after the turn of the period. A message bigger than the whole budget never
         fits: it may go when nothing of the period has been spent yet."""
         with self._lock:
-            now = self._clock.now()
-            self._turn(now)
-            need = upcoming * self.charge
-            total, period = self.cfg.nbytes, self.cfg.period_s
-            if self._spent + need <= self._allowance(now):
-                return 0.0
-            if need > total:
-                return 0.0 if self._spent == 0 else self._start + period - now
-            if self._spent + need <= total:
-                at = self._start + ((self._spent + need) / total - LEAD) * period
-                return max(0.0, at - now)
-            return self._start + period - now + max(0.0, (need / total - LEAD) * period)
+            return self._wait_s(upcoming)
+
+    def _wait_s(self, upcoming: float) -> float:
+        now = self._clock.now()
+        self._turn(now)
+        need = upcoming * self.charge
+        total, period = self.cfg.nbytes, self.cfg.period_s
+        if self._spent + need <= self._allowance(now):
+            return 0.0
+        if need > total:
+            return 0.0 if self._spent == 0 else self._start + period - now
+        if self._spent + need <= total:
+            at = self._start + ((self._spent + need) / total - LEAD) * period
+            return max(0.0, at - now)
+        return self._start + period - now + max(0.0, (need / total - LEAD) * period)
+
+    def claim(self, upcoming: float) -> float:
+        """:meth:`wait_s`, except that when it is 0 the ``upcoming`` bytes are counted spent at
+        once: links that ask in the same moment (a node whose neighbours all joined, or all
+        lost a delta) do not each see the same room, and go together over the budget. The
+        caller then sends them without spending them again."""
+        with self._lock:
+            wait_s = self._wait_s(upcoming)
+            if wait_s == 0:
+                self._spent += upcoming * self.charge
+            return wait_s
 
     def _allowance(self, now: float) -> float:
         share = min(1.0, (now - self._start) / self.cfg.period_s + LEAD)

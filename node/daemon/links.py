@@ -83,10 +83,15 @@ class PeerLink:
         self.runtime = runtime
         budget = outflow.budget if outflow is not None else None
         hold = None
+        #: Bytes of the next snapshot that the budget counted when it let the snapshot go.
+        self._claimed = 0
         if budget is not None:
 
             def hold() -> float:
-                return budget.wait_s(snapshot_nbytes)
+                wait_s = budget.claim(snapshot_nbytes)  # counted now: links ask together
+                if wait_s == 0:
+                    self._claimed = snapshot_nbytes
+                return wait_s
 
         self.machine = Link(cfg, runtime.fork_rng(), hold)
         self._snapshot = snapshot
@@ -206,8 +211,9 @@ class PeerLink:
         self.machine.snapshot_taken(epoch, header.seq, self._now())
         self._changed()
         nbytes = wire.snapshot_nbytes(header)
+        claimed, self._claimed = self._claimed, 0
         if self._outflow is not None:
-            await self._outflow.take(nbytes)
+            await self._outflow.take(nbytes, claimed)
         timeout_s = transfer_timeout_s(self.cfg.call_timeout_s, nbytes)
         await self.transport.call_push_snapshot(self.peer.address, header, values, timeout_s)
         self.machine.snapshot_answered(epoch, self._now())

@@ -119,9 +119,10 @@ class Outflow:
         """The largest piece of a long message to take at a time (None: no cap, any)."""
         return None if self.pacer is None else self.pacer.chunk_bytes
 
-    async def take(self, nbytes: int) -> None:
-        """Wait until ``nbytes`` of model may go, and count them gone."""
+    async def take(self, nbytes: int, claimed: int = 0) -> None:
+        """Wait until ``nbytes`` of model may go, and count them gone; ``claimed`` of them the
+        budget counted already (ByteBudget.claim, when the message was let go)."""
         if self.pacer is not None:
             await self.pacer.take(nbytes)
-        if self.budget is not None:
-            self.budget.spend(nbytes)
+        if self.budget is not None and nbytes > claimed:
+            self.budget.spend(nbytes - claimed)

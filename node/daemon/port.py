@@ -77,14 +77,14 @@ class DaemonPort:
         chunk = None if outflow is None else outflow.chunk_bytes
         return CHUNK_VALUES if chunk is None else max(1024, min(CHUNK_VALUES, chunk // 4))
 
-    async def pace_upload(self, nbytes: int) -> None:
+    async def pace_upload(self, nbytes: int, claimed: int = 0) -> None:
         if self._peers.outflow is not None:
-            await self._peers.outflow.take(nbytes)
+            await self._peers.outflow.take(nbytes, claimed)
 
-    def upload_wait_s(self, nbytes: int) -> float:
+    def claim_upload(self, nbytes: int) -> float:
         outflow = self._peers.outflow
         budget = None if outflow is None else outflow.budget
-        return 0.0 if budget is None else budget.wait_s(nbytes)
+        return 0.0 if budget is None else budget.claim(nbytes)
 
     async def on_worker(self, steps: Steps[T]) -> T:
         return await run_on(steps, self._gossiper.run)

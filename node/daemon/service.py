@@ -57,12 +57,15 @@ class ServicePort(Protocol):
         """A copy of the model to serve, and the step it is at."""
         ...
 
-    async def pace_upload(self, nbytes: int) -> None:
-        """Wait until ``nbytes`` more of model may go under the upload cap (at once without)."""
+    async def pace_upload(self, nbytes: int, claimed: int = 0) -> None:
+        """Wait until ``nbytes`` more of model may go under the upload cap (at once without),
+        and count them in the byte budget, but for the ``claimed`` that :meth:`claim_upload`
+        counted already."""
         ...
 
-    def upload_wait_s(self, nbytes: int) -> float:
-        """Seconds until ``nbytes`` more of model fit the byte budget (0: now, or no budget)."""
+    def claim_upload(self, nbytes: int) -> float:
+        """Seconds until ``nbytes`` more of model fit the byte budget (0: now, or no budget);
+        when 0 they are counted spent at once."""
         ...
 
     @property
@@ -162,15 +165,18 @@ class NodeService:
         self._check_common(protocol_version, "")
         # One copy of the model, cut into chunks as the stream drains: memory stays bounded.
         values, step = await self.port.model_copy()
-        wait_s = self.port.upload_wait_s(4 * values.numel())
-        if wait_s > 0:  # a model is a snapshot's bytes: the budget holds both (not the joiner's)
+        # A model is a snapshot's bytes: the budget holds both (not the joiner's), and counts
+        # them at once, so that joiners pulling together do not each find the same room.
+        wait_s = self.port.claim_upload(4 * values.numel())
+        if wait_s > 0:
             self._refuse(
                 Reason.BUDGET_SPENT,
                 f"the byte budget allows the model's {4 * values.numel()} bytes in {wait_s:.0f} s",
             )
         log.info("sending our model to %s (%d values)", requester[:8], values.numel())
         for chunk in iter_chunks(values, self.port.upload_chunk_values):
-            await self.port.pace_upload(len(chunk.data))  # a pull is upload as gossip is
+            nbytes = len(chunk.data)
+            await self.port.pace_upload(nbytes, claimed=nbytes)  # a pull is upload, as gossip
             yield ModelChunk(values.numel(), chunk.offset, chunk.data, step)
 
     async def rpc_push_delta(self, delta: Delta) -> int:

@@ -94,7 +94,7 @@ class SimLink:
         if budget is not None:  # a snapshot waits for the budget, as the daemon's does
 
             def hold() -> float:
-                return budget.wait_s(nbytes)
+                return budget.claim(nbytes)  # counted at once, as the daemon's is
 
         self.machine = Link(cfg, owner.sim.rng, hold)
         self.stats: LinkStats = self.machine.stats
@@ -182,8 +182,6 @@ class SimLink:
             self.stats.bytes_sent += nbytes
             self.owner.counters.bytes_sent += nbytes
             self.owner.counters.bytes_sent_fp32 += nbytes
-            if self.owner.budget is not None:
-                self.owner.budget.spend(nbytes)
         self.machine.snapshot_answered(epoch, self.owner.sim.events.now())
         self.pump()
         self.owner.check_ready()

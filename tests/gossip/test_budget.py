@@ -215,3 +215,19 @@ def test_wait_s_says_when_a_message_fits_under_the_allowance() -> None:
     assert b.wait_s(NBYTES * 2) == 0
     b.spend(1)
     assert b.wait_s(NBYTES * 2) == pytest.approx(PERIOD_S)
+
+
+def test_claims_made_in_the_same_moment_do_not_share_the_room() -> None:
+    # Three links want a snapshot at once, each of which fits the lead alone but not together.
+    b, clock = budget()
+    snapshot = NBYTES * LEAD * 0.6
+    waits = [b.claim(snapshot) for _ in range(3)]
+    assert waits[0] == 0  # the first goes, and is counted at once
+    assert b.spent == pytest.approx(snapshot)
+    assert all(w > 0 for w in waits[1:])  # the others wait for the allowance to grow
+    assert b.spent == pytest.approx(snapshot)  # and a claim that waits counts nothing
+    assert b.wait_s(snapshot) == pytest.approx(waits[1])
+    clock.advance(waits[1])
+    assert b.claim(snapshot) == 0  # once it has grown, the next goes
+    assert b.spent == pytest.approx(2 * snapshot)
+    assert b.claim(snapshot) > 0

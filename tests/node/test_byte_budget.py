@@ -5,6 +5,7 @@ restart; the settings read ``BYTES/PERIOD`` with its units; the simulator runs b
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from pathlib import Path
@@ -249,3 +250,53 @@ def test_budgets_hold_while_pauses_churn_the_topology_in_the_simulator() -> None
     assert spent[len(spent) // 2] <= 1.0, spent
     # Over the budget only by heartbeats, which a spent budget still lets through.
     assert spent[-1] <= 1.5, spent
+
+
+async def test_links_that_want_a_model_together_do_not_all_find_the_same_room(
+    tmp_path: Path,
+) -> None:
+    # A seed whose budget lets one model's bytes go at once (its lead), three newcomers joining
+    # it together: each pulls its model and wants a snapshot from the seed at the same moment.
+    network = MemoryNetwork()
+    probe = await Node.create(config(tmp_path / "probe"), transport=MemoryTransport(network))
+    model_charged = 4 * probe.flat.numel * BUDGET_CHARGE
+    await probe.stop(grace_s=0)
+    budget = (int(1.5 * model_charged / LEAD), 3600.0)  # the lead: one and a half models
+    seed_cfg = config(
+        tmp_path / "node-0",
+        listen="mem:0",
+        wait_members=1,
+        **{"trainer.steps": 10**6, "gossip.byte_budget": budget},
+    )
+    seed = await Node.create(seed_cfg, transport=MemoryTransport(network))
+    assert seed.budget is not None
+    # Periods are the clock's hours: spend what the hour so far allows, but for the lead's room.
+    share = min(1.0, 1 - seed.budget.resets_in / budget[1] + LEAD)
+    seed.budget.spend((budget[0] * share - 1.5 * model_charged) / BUDGET_CHARGE)
+    spent_before = seed.budget.spent
+    others: list[Node] = []
+    try:
+        await seed.start()
+        for i in range(1, 4):
+            cfg = config(
+                tmp_path / f"node-{i}", listen="mem:0", join=(seed.address,), wait_members=2
+            )
+            others.append(await Node.create(cfg, transport=MemoryTransport(network)))
+        await asyncio.gather(*(o.start() for o in others))
+        links = seed.peers.links
+
+        def settled() -> bool:
+            return len(links) == 3 and all(
+                link.progress().startswith("held ") or link.stats.snapshots_sent > 0
+                for link in links.values()
+            )
+
+        await seed.wait_until(settled, TIMEOUT_S)
+        spent = seed.budget.spent - spent_before
+        snapshots = sum(link.stats.snapshots_sent for link in links.values())
+        # One model's bytes went, pulled or pushed, and a few deltas; the rest waited.
+        assert spent < 2 * model_charged, (spent / model_charged, snapshots)
+    finally:
+        for other in others:
+            await other.stop(grace_s=0)
+        await seed.stop(grace_s=0)
