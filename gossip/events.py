@@ -136,8 +136,15 @@ class Network:
         bandwidth_bps: every sender's uplink, in bytes per second (inf: no serialisation).
         loss: probability that a lossy message is lost.
         rng: draws the losses.
-        slowdown: how many times slower the link from the first address to the second is than
-            the sender's uplink (its time on the uplink is multiplied by it); None: none is.
+        slowdown: how many times slower the path from the first address to the second is
+            than the sender's uplink; None: none is.
+
+    A sender's uplink sends its messages one after another at ``bandwidth_bps``. A slower path
+    is a pipe of its own behind the uplink (a router's queue at its bottleneck): a message
+    leaves the uplink at the uplink's rate, then waits for the pipe, which carries one message
+    at a time at ``bandwidth_bps / slowdown``. So a slow path slows only what goes down it, as
+    on a real network, where the sender's other connections keep their pace; it does not hold
+    the sender's uplink for all the time that its message takes.
     """
 
     def __init__(
@@ -158,6 +165,8 @@ class Network:
         self.rng = rng or random.Random(0)
         self.slowdown = slowdown
         self._uplink_free: dict[str, float] = {}
+        #: When each slower path's pipe is free again (only those still busy are kept).
+        self._pipe_free: dict[tuple[str, str], float] = {}
         self.partitions: list[Partition] = []
         self.sent = 0
         self.lost = 0
@@ -198,10 +207,18 @@ class Network:
         self.sent += 1
         lost = lossy and self.loss > 0 and self.rng.random() < self.loss
         start = max(now, self._uplink_free.get(src, now))
-        slower = self.slowdown(src, dst) if self.slowdown is not None else 1.0
-        done = start + nbytes * slower / self.bandwidth_bps
+        done = start + nbytes / self.bandwidth_bps
         if done > now:
             self._uplink_free[src] = done
+        slower = self.slowdown(src, dst) if self.slowdown is not None else 1.0
+        if slower != 1.0:
+            pipe = (src, dst)
+            free = self._pipe_free.get(pipe, now)
+            if free <= now:
+                self._pipe_free.pop(pipe, None)
+            done = max(done, max(start, free) + nbytes * slower / self.bandwidth_bps)
+            if done > now:
+                self._pipe_free[pipe] = done
         if lost:
             self.lost += 1
             return False
@@ -213,5 +230,7 @@ class Network:
         return max(0.0, self._uplink_free.get(src, 0.0) - self.events.now())
 
     def forget(self, src: str) -> None:
-        """``src`` is gone: what its uplink held is no longer in the way."""
+        """``src`` is gone: what its uplink and its paths held is no longer in the way."""
         self._uplink_free.pop(src, None)
+        for pipe in [p for p in self._pipe_free if p[0] == src]:
+            del self._pipe_free[pipe]

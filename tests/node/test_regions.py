@@ -110,6 +110,35 @@ def test_a_message_between_regions_takes_the_slowdown_times_longer() -> None:
     assert arrived["c"] == pytest.approx(0.1 + 1.0 + 0.01)
 
 
+def test_a_slow_path_slows_only_what_goes_down_it() -> None:
+    clock = ManualClock()
+    events = EventQueue(clock)
+    region = {"a": "r0", "b": "r0", "c": "r1"}
+    net = Network(
+        events,
+        lambda s, d: 0.01,
+        bandwidth_bps=1_000.0,
+        slowdown=lambda s, d: 10.0 if region[s] != region[d] else 1.0,
+    )
+    arrived: dict[str, list[float]] = {"b": [], "c": []}
+
+    def at(dst: str) -> Callable[[], None]:
+        return lambda: arrived[dst].append(clock.now())
+
+    net.send("a", "c", 100, at("c"))  # 0.1 s on a's uplink, 1 s down the slow path
+    net.send("a", "b", 100, at("b"))  # behind it on the uplink only
+    net.send("a", "c", 100, at("c"))  # behind the first on the slow path
+    assert net.backlog_s("a") == pytest.approx(0.3)  # the uplink is free after its own time
+    events.run_until(10.0)
+    assert arrived["b"] == [pytest.approx(0.2 + 0.01)]
+    assert arrived["c"] == [pytest.approx(1.0 + 0.01), pytest.approx(2.0 + 0.01)]
+    net.send("a", "c", 100, at("c"))  # at 10 s: the slow path is busy until 11 s
+    net.forget("a")
+    net.send("a", "c", 100, at("c"))  # a gone and back: its old queues hold nothing up
+    events.run_until(20.0)
+    assert arrived["c"][-2:] == [pytest.approx(11.01), pytest.approx(11.01)]
+
+
 def test_a_simulated_regional_swarm_keeps_its_edges_inside_regions_and_trains() -> None:
     cfg = SimConfig(
         nodes=16,
