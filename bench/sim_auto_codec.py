@@ -12,8 +12,9 @@ the pace there. Between regions it is ``--slowdown`` times slower, in delay and 
 bytes set the pace. The table: seconds to consensus (relative distance 1e-2) and the relative
 distance at the end, seconds to the target (averaged model, worst node), KiB a node sent, the
 rounds a node made, and for ``auto`` the codecs its links ended on, inside and across regions.
-The simulator models one uplink per node, so a delta across regions also holds up the sender's
-deltas inside its region, which a real network would not (the links' meters see it).
+A node's uplink sends its messages one after another; a slower path across regions is a pipe
+of its own behind it (gossip/events.py), so a delta across regions holds up only the deltas
+behind it on that path, as on a real network.
 """
 
 from __future__ import annotations
