@@ -63,6 +63,12 @@ class MemberView:
         """Live members that are paused: members still, out of the topology."""
         return frozenset(r.node_id for r in self.swim.live_members() if r.paused)
 
+    def ring(self) -> tuple[NodeId, ...]:
+        """The ids the graph is over (the live members that gossip), in ring order."""
+        if self.swim.paused:
+            return ()
+        return tuple(sorted(r.node_id for r in self.swim.live_members() if not r.paused))
+
     def neighbours(self, kind: str, *, degree: int = 4, seed: int = 0) -> dict[NodeId, Member]:
         """This member's neighbours in the graph ``kind`` over the live members, by id.
 

@@ -22,6 +22,7 @@ from gossip.codecs import Codec, Encoded
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
 from gossip.robust import ATTACKS, NeighbourScores, attack_target, clipped_consensus_step
+from gossip.schedules import LinkSchedule, ScheduleConfig
 from gossip.trigger import RoundTrigger, TriggerConfig
 
 __all__ = ["MixConfig", "Mixer", "Round", "RoundPacer", "mix", "mixing_weights", "send_and_mix"]
@@ -172,6 +173,9 @@ class MixConfig:
         codec of the neighbour's last delta; the smallest γ before that delta), which both
         ends compute alike, so the pair's terms still cancel in the mean; ``gamma`` then
         scales them all. None: one γ for every link.
+    schedule: with a copy per link, a time-varying schedule over the links
+        (gossip/schedules.py :class:`LinkSchedule`): each round goes to the links it picks
+        among the ready ones, mixed at its weight; None: every ready link, Metropolis weights.
     """
 
     gamma: float = 1.0  # exact averaging for fp32; harsher codecs need less (DEFAULT_GAMMA)
@@ -181,6 +185,7 @@ class MixConfig:
     attack: str | None = None
     trigger: TriggerConfig | None = None
     link_gamma: Mapping[str, float] | None = None
+    schedule: ScheduleConfig | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.gamma <= 1 or self.silence_limit_s <= 0:
@@ -244,6 +249,11 @@ class Mixer:
                 "a copy per link (--pace link) mixes with plain CHOCO only: robust mixing and "
                 "the test attacks score one public copy"
             )
+        if cfg.schedule is not None and not state.per_link:
+            raise ValueError(
+                f"the {cfg.schedule.kind} schedule sends each round to some links only, which "
+                "needs a copy of the model per link (--pace link)"
+            )
         if budget is not None and cfg.trigger is None:
             raise ValueError(
                 "a byte budget needs the event-triggered rule: once spent, the node makes "
@@ -261,6 +271,8 @@ class Mixer:
         self._evicted: frozenset[NodeId] = frozenset()
         #: With a copy per link: each neighbour's replica version at the last mix with it.
         self._mixed: dict[NodeId, tuple[int, int]] = {}
+        #: Which links each round goes to (None: every ready one).
+        self.schedule = LinkSchedule(cfg.schedule) if cfg.schedule is not None else None
         #: The event-triggered rule (None: off, every round is made).
         self.trigger = (
             RoundTrigger(cfg.trigger, cfg.trigger.heartbeat_for(cfg.silence_limit_s))
@@ -282,8 +294,17 @@ class Mixer:
         """Neighbours out of the mix, as the last round found them, for their anomaly score."""
         return self._evicted
 
-    def set_neighbours(self, neighbours: frozenset[NodeId]) -> frozenset[NodeId]:
-        """Mix with exactly these neighbours; returns those dropped (their replicas too)."""
+    def set_neighbours(
+        self, neighbours: frozenset[NodeId], classes: Mapping[NodeId, int] | None = None
+    ) -> frozenset[NodeId]:
+        """Mix with exactly these neighbours; returns those dropped (their replicas too).
+
+        Args:
+            classes: with the one-peer exponential schedule, each neighbour's offset class
+                (gossip/schedules.py ``ring_classes``) in the view the neighbours came from.
+        """
+        if self.schedule is not None and classes is not None:
+            self.schedule.set_classes({p: k for p, k in classes.items() if p in neighbours})
         gone = self.state.set_peers(neighbours)
         if self.scores is not None:
             self.scores.forget(gone)
@@ -399,9 +420,16 @@ class Mixer:
         guard = lock if lock is not None else contextlib.nullcontext()
         with guard:
             current = x.clone()
-        reason = self._worth(current, neighbours, [state.codec_for(p) for p in ready])
+        scheduled = self.schedule.pick(ready) if self.schedule is not None else ready
+        reason = self._worth(current, neighbours, [state.codec_for(p) for p in scheduled])
         if reason is None:
             return None
+        if reason != "heartbeat":
+            # A heartbeat goes to every ready link: one link in a cycle of classes would
+            # hear from this node only every τ heartbeats, past its silence limit.
+            ready = scheduled
+        if self.schedule is not None:
+            self.schedule.made(scheduled)
         links: dict[NodeId, tuple[int, Encoded]] = {}
         for peer in sorted(ready):
             made = state.make_link_delta(peer, current)
@@ -410,12 +438,17 @@ class Mixer:
         state.note_model(current)
         every = mixing_weights(state, neighbours, len(neighbours), cfg.silence_limit_s)
         went_silent, spoke_again = self._note_silence(neighbours, every)
+        # The schedule's weight, for a round that went to its links; a heartbeat to every
+        # link mixes at Metropolis weights, whose sum stays below one.
+        pairs = None
+        if self.cfg.schedule is not None and reason != "heartbeat":
+            pairs = self.cfg.schedule.weight
         weights = {}
         for peer, w in every.items():
             replica = state.replicas[peer]
             version = (replica.session, replica.seq)
             if peer in links and self._mixed.get(peer) != version:
-                weights[peer] = w
+                weights[peer] = w if pairs is None else pairs
                 self._mixed[peer] = version
         steps = weights
         if cfg.link_gamma is not None:

@@ -18,24 +18,36 @@ pair with push-sum (gossip/pushsum.py), which keeps the mean when nobody sends b
 
 Any two members that hold the same view agree on every node's peers at every round without a
 word: there is no coordinator, and a receiver can check that a sender's round names it.
+
+:class:`LinkSchedule` runs both over the links of a node with a copy per link (CHOCO, made
+pairwise: gossip/pairwise.py, the daemon's ``--pace link``), which is how ``murmur run
+--topology one-peer-exponential`` and ``--topology epidemic`` gossip. A delta-coded link needs a
+replica at both ends and is mixed on both ends, so there the schedules are undirected: at its
+round r a node sends to its links of offset class k = r mod τ on both sides of the ring
+(i ± 2^k: two deltas a round, one each way round the ring, and its peer i + 2^k sends it the other
+direction at its own class-k round), or to ``fanout`` of its links drawn afresh each round.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 __all__ = [
     "SCHEDULES",
+    "LinkSchedule",
+    "ScheduleConfig",
     "epidemic_peers",
     "one_peer_contraction",
     "one_peer_matrix",
     "one_peer_offset",
     "one_peer_peer",
     "peers_at",
+    "ring_classes",
 ]
 
 NodeId = str
@@ -119,3 +131,106 @@ def one_peer_contraction(n: int) -> float:
         product = one_peer_matrix(n, r) @ product
     centred = product - torch.full((n, n), 1.0 / n, dtype=torch.float64)
     return float(torch.linalg.matrix_norm(centred, ord=2))
+
+
+def ring_classes(ring: Sequence[NodeId], node: NodeId) -> dict[NodeId, int]:
+    """Each peer of ``node`` at offset ±2^k on ``ring`` (the view's ids in sorted order), by the
+    least such k: the link classes of the one-peer exponential schedule over the exponential
+    graph's links (gossip/topology.py ``exponential``, whose edges are exactly these)."""
+    order = _order(ring)
+    n = len(order)
+    if node not in order or n < 2:
+        return {}
+    pos = order.index(node)
+    classes: dict[NodeId, int] = {}
+    for k in range(_period(n)):
+        for offset in (1 << k, -(1 << k)):
+            classes.setdefault(order[(pos + offset) % n], k)
+    classes.pop(node, None)
+    return classes
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """A time-varying schedule over a node's links (``--topology one-peer-exponential`` or
+    ``epidemic``).
+
+    Args:
+        kind: one of :data:`SCHEDULES`.
+        fanout: with ``epidemic``, the links a round goes to (Epidemic Learning's s).
+        seed: seeds the epidemic draws (the same on every node, as the graph's seed).
+    """
+
+    kind: str
+    fanout: int = 2  # EL's s; 2 agreed in 17-18 rounds at 64-1,024 nodes (bench/RESULTS.md)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.kind!r}; known: {', '.join(SCHEDULES)}")
+        if self.fanout < 1:
+            raise ValueError(f"fanout is {self.fanout}: expected at least 1")
+
+    @property
+    def weight(self) -> float:
+        """The mixing weight of each link a round goes to: 1/(1 + the links of a round), the
+        same at both ends of a link whatever either end's view (one-peer: the two sides of
+        the ring; epidemic: ``fanout``), so a pair's terms still cancel in the mean."""
+        return 1.0 / (1 + (2 if self.kind == "one-peer-exponential" else self.fanout))
+
+
+@dataclass
+class LinkSchedule:
+    """Which of a node's links its next round goes to; the round counter is its own (rounds
+    are asynchronous, so nothing needs the ends' counters to agree: a link that is not due
+    keeps its unsent change for the round that is).
+
+    A class whose links are all busy or down is passed over for the next that has a ready
+    link, so a dead or slow neighbour never stalls the cycle; the epidemic draw is among the
+    ready links. Not thread-safe, like the Mixer that owns it.
+    """
+
+    cfg: ScheduleConfig
+    #: Rounds made (with one-peer exponential: the class the next round starts looking at).
+    rounds: int = 0
+    #: One-peer exponential: each link's offset class (:func:`ring_classes`).
+    classes: Mapping[NodeId, int] = field(default_factory=dict)
+
+    def set_classes(self, classes: Mapping[NodeId, int]) -> None:
+        self.classes = dict(classes)
+
+    def pick(self, ready: frozenset[NodeId]) -> frozenset[NodeId]:
+        """The links of ``ready`` the next round goes to (empty when none fits)."""
+        if not ready:
+            return frozenset()
+        if self.cfg.kind == "epidemic":
+            order = sorted(ready)
+            key = hashlib.blake2b(
+                f"{self.cfg.seed}\0{self.rounds}\0{chr(0).join(order)}".encode(), digest_size=8
+            ).digest()
+            rng = random.Random(int.from_bytes(key, "big"))
+            return frozenset(rng.sample(order, min(self.cfg.fanout, len(order))))
+        period = max(self.classes.values(), default=0) + 1
+        # A link the view has no class for yet (the views differ for a moment) keeps a class
+        # of its own, from its id, so it is still served once a cycle.
+        of = {p: self.classes.get(p, _hashed_class(p, period)) for p in ready}
+        for d in range(period):
+            k = (self.rounds + d) % period
+            chosen = frozenset(p for p, c in of.items() if c == k)
+            if chosen:
+                return chosen
+        return frozenset()  # unreachable: every ready link has a class below period
+
+    def made(self, chosen: frozenset[NodeId]) -> None:
+        """A round went to ``chosen`` (what :meth:`pick` gave): on to the next."""
+        if self.cfg.kind == "one-peer-exponential" and chosen:
+            period = max(self.classes.values(), default=0) + 1
+            k = min(self.classes.get(p, _hashed_class(p, period)) for p in chosen)
+            self.rounds = self.rounds + ((k - self.rounds) % period) + 1
+            return
+        self.rounds += 1
+
+
+def _hashed_class(peer: NodeId, period: int) -> int:
+    digest = hashlib.blake2b(peer.encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") % period

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gossip.schedules import SCHEDULES
+
 __all__ = [
     "TOPOLOGIES",
     "Graph",
@@ -210,7 +212,9 @@ def _circulant(order: tuple[NodeId, ...], k: int) -> Graph:
     return _from_offsets(order, offsets)
 
 
-TOPOLOGIES = ("ring", "exponential", "random-regular", "regional")
+#: The last two are time-varying schedules (gossip/schedules.py) over the exponential graph's
+#: links: each round goes to some of them.
+TOPOLOGIES = ("ring", "exponential", "random-regular", "regional", *SCHEDULES)
 
 
 def build(
@@ -251,7 +255,7 @@ def _build(
         return regional(dict(regions) or dict.fromkeys(order, ""), bridges=max(1, degree))
     if kind == "ring":
         return ring(order)
-    if kind == "exponential":
+    if kind == "exponential" or kind in SCHEDULES:
         return exponential(order)
     if kind == "random-regular":
         n = len(order)

@@ -12,6 +12,7 @@ from typing import Any
 from gossip.budget import BudgetConfig
 from gossip.codecs import AUTO_CODECS, CODECS, DEFAULT_FRACTION, AutoCodec
 from gossip.robust import ATTACKS  # test-only attacks (GossipConfig.attack)
+from gossip.schedules import SCHEDULES, ScheduleConfig
 from gossip.swim import SwimConfig
 from gossip.swim_messages import check_region
 from gossip.topology import TOPOLOGIES
@@ -101,7 +102,11 @@ PACES = ("node", "link")
 @dataclass(frozen=True)
 class GossipConfig:
     """Args:
-    topology: ring, exponential, random-regular or regional, over the ring of known node ids.
+    topology: ring, exponential, random-regular or regional, over the ring of known node ids;
+        or a time-varying schedule over the exponential graph's links (gossip/schedules.py):
+        one-peer-exponential (each round to the links at ±2^k, k cycling) or epidemic
+        (each round to ``fanout`` links drawn afresh); both need ``pace`` link.
+    fanout: with epidemic, the links each round goes to.
     degree: neighbours per node for random-regular; bridges between each two regions for
         regional.
     region: this node's region, in its signed member record (regional keeps most edges inside
@@ -153,6 +158,7 @@ class GossipConfig:
 
     topology: str = "exponential"
     degree: int = 4
+    fanout: int = ScheduleConfig.fanout
     region: str = ""
     codec: str = "int8"
     block_size: int = 256
@@ -203,6 +209,13 @@ class GossipConfig:
             )
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"unknown topology {self.topology!r}; known: {', '.join(TOPOLOGIES)}")
+        if self.topology in SCHEDULES and self.pace != "link":
+            raise ValueError(
+                f"--topology {self.topology} sends each round to some links only, which needs "
+                "a copy of the model per link: add --pace link"
+            )
+        if self.fanout < 1:
+            raise ValueError(f"fanout must be at least 1, got {self.fanout}")
         check_region(self.region)
         if self.gamma is not None and not 0 < self.gamma <= 1:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
@@ -242,6 +255,13 @@ class GossipConfig:
             return None
         nbytes, period_s = self.byte_budget
         return BudgetConfig(int(nbytes), float(period_s))
+
+    @property
+    def schedule_config(self) -> ScheduleConfig | None:
+        """The time-varying schedule over the links for the Mixer; None for a static graph."""
+        if self.topology not in SCHEDULES:
+            return None
+        return ScheduleConfig(self.topology, self.fanout, self.seed)
 
     @property
     def trigger_config(self) -> TriggerConfig | None:

@@ -60,7 +60,9 @@ CODEC_NAMES = (
     "none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk", "auto"
 )  # fmt: skip
 #: The graphs of ``gossip/topology.py`` (likewise checked by a test).
-TOPOLOGY_NAMES = ("ring", "exponential", "random-regular", "regional")
+TOPOLOGY_NAMES = (
+    "ring", "exponential", "random-regular", "regional", "one-peer-exponential", "epidemic"
+)  # fmt: skip
 #: Test-only attacks a node can mount on its neighbours (``GossipConfig.attack``).
 ATTACKS = ("scale", "flip", "random", "huge", "spike")
 ENV_PREFIX = "MURMUR_"
@@ -223,14 +225,21 @@ ByteBudgetSpec = Annotated[
 class GossipSettings(_Schema):
     """``[gossip]``: :class:`node.config.GossipConfig`."""
 
-    topology: Literal["ring", "exponential", "random-regular", "regional"] = Field(
-        "exponential", description="the gossip graph over the members' ids"
+    topology: Literal[
+        "ring", "exponential", "random-regular", "regional", "one-peer-exponential", "epidemic"
+    ] = Field(  # TOPOLOGY_NAMES
+        "exponential",
+        description="the gossip graph over the members' ids (one-peer-exponential and "
+        "epidemic: a schedule over the exponential graph's links; need pace link)",
     )  # log2(n) neighbours: mixes fast at a small degree (Assran et al. 2019)
     degree: AtLeastOne = Field(
         4,
         description="neighbours per node for random-regular; bridges between each two regions "
         "for regional",
     )
+    fanout: AtLeastOne = Field(
+        2, description="with the epidemic topology, the links each round goes to"
+    )  # EL's s: 2 agreed in 17-18 rounds at 64 to 1,024 nodes (bench/RESULTS.md)
     region: Annotated[str, AfterValidator(check_region)] = Field(
         "", description="this node's region, for the regional topology"
     )
@@ -464,6 +473,7 @@ FLAG_KEYS: dict[str, str] = {
     "slowdown": "trainer.slowdown",
     "step-time": "trainer.step_time",
     "topology": "gossip.topology",
+    "fanout": "gossip.fanout",
     "degree": "gossip.degree",
     "region": "gossip.region",
     "compress": "gossip.codec",

@@ -346,6 +346,12 @@ def _check_together(s: RunSettings, origins: Mapping[str, Origin]) -> None:
             f"local_steps {g.local_steps}{said('gossip.local_steps')}: the most local steps "
             "between two rounds cannot be fewer than the least"
         )
+    if g.topology in ("one-peer-exponential", "epidemic") and g.pace != "link":
+        raise SettingsError(
+            f"topology {g.topology}{said('gossip.topology')} sends each round to some links "
+            f"only, which needs a copy of the model per link, and pace is "
+            f"{g.pace}{said('gossip.pace')}: add --pace link"
+        )
     if s.mqtt_discovery and s.mqtt is None:
         raise SettingsError(
             f"MQTT discovery{said('mqtt_discovery')} needs a broker: give --mqtt URL"

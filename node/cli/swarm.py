@@ -214,6 +214,8 @@ def node_argv(
         "--local-steps",
         str(g.local_steps),
     ]
+    if g.topology == "epidemic":
+        argv += ["--fanout", str(g.fanout)]
     if g.max_local_steps is not None:
         argv += ["--max-local-steps", str(g.max_local_steps)]
     if g.outer_lr is not None:

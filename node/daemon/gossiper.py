@@ -26,6 +26,7 @@ from gossip.messages import Delta, SnapshotHeader
 from gossip.mixing import MixConfig, Mixer, Round
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
+from gossip.schedules import ScheduleConfig
 from gossip.trigger import TriggerConfig
 from node.daemon.flat import FlatParams
 
@@ -64,6 +65,7 @@ class Gossiper:
     trigger: make a round only when it is worth its bytes (gossip/trigger.py); None: always.
     budget: the byte budget (gossip/budget.py): heartbeats only while it is ahead of its
         allowance. Needs ``trigger``.
+    schedule: a time-varying schedule over the links (gossip/schedules.py); None: none.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class Gossiper:
         trigger: TriggerConfig | None = None,
         budget: ByteBudget | None = None,
         link_gamma: Mapping[str, float] | None = None,
+        schedule: ScheduleConfig | None = None,
     ) -> None:
         self.node_id = node_id
         self.state = state
@@ -91,7 +94,14 @@ class Gossiper:
         self.mixer = Mixer(
             state,
             MixConfig(
-                gamma, silence_limit_s, robust, byzantine_fraction, attack, trigger, link_gamma
+                gamma,
+                silence_limit_s,
+                robust,
+                byzantine_fraction,
+                attack,
+                trigger,
+                link_gamma,
+                schedule,
             ),
             outer,
             torch.Generator(device=state.device).manual_seed(0),
@@ -125,9 +135,12 @@ class Gossiper:
 
     # -- neighbours ---------------------------------------------------------------------------
 
-    def apply_neighbours(self, neighbours: frozenset[str]) -> None:
-        """Worker only: mix with exactly these neighbours; replicas of others are dropped."""
-        self.mixer.set_neighbours(neighbours)
+    def apply_neighbours(
+        self, neighbours: frozenset[str], classes: Mapping[str, int] | None = None
+    ) -> None:
+        """Worker only: mix with exactly these neighbours; replicas of others are dropped
+        (``classes``: the one-peer schedule's, see Mixer.set_neighbours)."""
+        self.mixer.set_neighbours(neighbours, classes)
         self._degree = len(neighbours)
         self.published()
 

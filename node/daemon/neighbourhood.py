@@ -16,11 +16,12 @@ the simulator follows the same rule.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Generic, Protocol, TypeVar
 
 from gossip.membership import MemberView, relink
 from gossip.messages import Member
+from gossip.schedules import ring_classes
 from node.config import GossipConfig
 from node.daemon.steps import Steps
 
@@ -46,7 +47,8 @@ class Neighbourhood(Generic[L]):
     close_link: lets go of the link to a neighbour that went.
     greet: sends a new neighbour a membership ping with this node's record.
     apply_neighbours: has the gossip state take exactly these neighbours (run where the state
-        lives; it drops the replicas of the others).
+        lives; it drops the replicas of the others), with the one-peer exponential schedule's
+        class of each (gossip/schedules.py ``ring_classes``; None for other topologies).
     """
 
     def __init__(
@@ -56,7 +58,7 @@ class Neighbourhood(Generic[L]):
         open_link: Callable[[Member], L],
         close_link: Callable[[L], None],
         greet: Callable[[Member], None],
-        apply_neighbours: Callable[[frozenset[str]], object],
+        apply_neighbours: Callable[[frozenset[str], Mapping[str, int] | None], object],
     ) -> None:
         self.view = view
         self.cfg = cfg
@@ -78,8 +80,11 @@ class Neighbourhood(Generic[L]):
         """Derive the neighbours from the view; open and close links to match. Returns them."""
         wanted = self.wanted()
         mine = frozenset(wanted)
+        classes = None
+        if self.cfg.topology == "one-peer-exponential":
+            classes = ring_classes(self.view.ring(), self.view.me.node_id)
         apply = self._apply_neighbours
-        yield lambda: apply(mine)
+        yield lambda: apply(mine, classes)
         self.neighbours = mine
         close, open_ = relink({j: link.peer for j, link in self.links.items()}, wanted)
         for peer_id in close:

@@ -189,6 +189,7 @@ class Node:
             trigger=g.trigger_config,
             budget=self.budget,
             link_gamma=g.link_gamma,
+            schedule=g.schedule_config,
         )
         self.phase = Phase()
         self.signals = signals = Signals(self.node_id[:8])

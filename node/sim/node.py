@@ -130,6 +130,7 @@ class SimNode:
             attack,
             g.trigger_config,
             g.link_gamma,
+            g.schedule_config,
         )
         #: Under ``--compress auto``, each link's codec from its meter, as the daemon's.
         self.codecs = LinkCodecs(self.state.numel) if g.codec == AutoCodec.name else None

@@ -101,6 +101,9 @@ def add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         "--degree", dest="gossip.degree", metavar="K", default=d, help=flag_help("gossip.degree")
     )
     p.add_argument(
+        "--fanout", dest="gossip.fanout", metavar="S", default=d, help=flag_help("gossip.fanout")
+    )
+    p.add_argument(
         "--compress",
         dest="gossip.codec",
         choices=CODEC_NAMES,
