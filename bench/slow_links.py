@@ -4,6 +4,10 @@ the all-reduce baseline, every node in its own network namespace behind a shaped
     .venv/bin/python -m bench.slow_links [--nodes 4] [--rate 20mbit] [--delay 20ms] [--loss 0]
         [--target 0.9] [--limit 300] [--systems int8,sign,fp32,all-reduce]
 
+A murmur system is ``CODEC`` (the static exponential graph, one public copy), or ``CODEC@GRAPH``
+with a copy per link (``--pace link``): ``int8@link`` on the static exponential graph,
+``int8@one-peer-exponential`` or ``int8@epidemic`` for a time-varying schedule over its links.
+
 Needs root (namespaces and tc). Each node gets namespace ``mmb-n<i>`` with an ``eth0`` on a bridge
 in the root namespace; ``scripts/shape-link`` shapes both directions of its link (the node's
 uplink inside the namespace, its downlink on the bridge side): netem where the kernel has it,
@@ -168,8 +172,17 @@ def _task() -> Any:
     return load_task(TASK)(Shard())
 
 
+def murmur_gossip(system: str) -> GossipConfig:
+    """``CODEC`` or ``CODEC@GRAPH`` (see the module's docstring) as the nodes' gossip settings."""
+    codec, _, graph = system.partition("@")
+    if not graph:
+        return GossipConfig(codec=codec)
+    topology = "exponential" if graph == "link" else graph
+    return GossipConfig(codec=codec, topology=topology, pace="link")
+
+
 async def murmur_run(
-    net: Testnet, codec: str, target: float, limit_s: float, poll_s: float, workdir: Path
+    net: Testnet, system: str, target: float, limit_s: float, poll_s: float, workdir: Path
 ) -> dict[str, Any]:
     cfg = SwarmConfig(
         nodes=net.n,
@@ -177,7 +190,7 @@ async def murmur_run(
         task=TASK,
         alpha=0.5,
         eval_every=10**7,  # the bench evaluates the averaged model instead
-        gossip=GossipConfig(codec=codec),
+        gossip=murmur_gossip(system),
         insecure=True,  # plain TCP, so the interface counts compare with the node's own
     )
 
