@@ -22,7 +22,7 @@ from gossip.codecs import Codec, Encoded
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
 from gossip.robust import ATTACKS, NeighbourScores, attack_target, clipped_consensus_step
-from gossip.schedules import LinkSchedule, ScheduleConfig
+from gossip.schedules import LinkPlan, LinkSchedule, ScheduleConfig
 from gossip.trigger import RoundTrigger, TriggerConfig
 
 __all__ = ["MixConfig", "Mixer", "Round", "RoundPacer", "mix", "mixing_weights", "send_and_mix"]
@@ -271,6 +271,11 @@ class Mixer:
         self._evicted: frozenset[NodeId] = frozenset()
         #: With a copy per link: each neighbour's replica version at the last mix with it.
         self._mixed: dict[NodeId, tuple[int, int]] = {}
+        #: Links that carry a delta only every so many rounds (bridges), and the round count
+        #: at each link's last delta.
+        self._periods: dict[NodeId, int] = {}
+        self._made = 0
+        self._last_sent: dict[NodeId, int] = {}
         #: Which links each round goes to (None: every ready one).
         self.schedule = LinkSchedule(cfg.schedule) if cfg.schedule is not None else None
         #: The event-triggered rule (None: off, every round is made).
@@ -295,23 +300,28 @@ class Mixer:
         return self._evicted
 
     def set_neighbours(
-        self, neighbours: frozenset[NodeId], classes: Mapping[NodeId, int] | None = None
+        self, neighbours: frozenset[NodeId], plan: LinkPlan | None = None
     ) -> frozenset[NodeId]:
         """Mix with exactly these neighbours; returns those dropped (their replicas too).
 
         Args:
-            classes: with the one-peer exponential schedule, each neighbour's offset class
-                (gossip/schedules.py ``ring_classes``) in the view the neighbours came from.
+            plan: what the topology says of each link (gossip/schedules.py): the one-peer
+                schedule's classes, a period and a codec per bridge between regions. Its
+                periods and codecs need a copy per link, and its codecs ``auto``'s codec set.
         """
-        if self.schedule is not None and classes is not None:
-            self.schedule.set_classes({p: k for p, k in classes.items() if p in neighbours})
+        plan = plan or LinkPlan()
+        if self.schedule is not None:
+            self.schedule.set_classes({p: k for p, k in plan.classes.items() if p in neighbours})
+        self._periods = {p: k for p, k in plan.periods.items() if p in neighbours and k > 1}
         gone = self.state.set_peers(neighbours)
+        self.state.set_link_codecs(plan.codecs)
         if self.scores is not None:
             self.scores.forget(gone)
         self._silenced &= neighbours
         self._evicted &= neighbours
         for peer in gone:
             self._mixed.pop(peer, None)
+            self._last_sent.pop(peer, None)
         return gone
 
     def weights(self) -> dict[NodeId, float]:
@@ -414,7 +424,7 @@ class Mixer:
         trigger finds the round not worth its bytes."""
         cfg, state = self.cfg, self.state
         neighbours = self.neighbours
-        ready = frozenset(p for p in ready if p in state.copies)
+        ready = frozenset(p for p in ready if p in state.copies and self._due(p))
         if not ready:
             return None
         guard = lock if lock is not None else contextlib.nullcontext()
@@ -436,6 +446,9 @@ class Mixer:
             if made is not None:
                 links[peer] = made
         state.note_model(current)
+        self._made += 1
+        for peer in links:
+            self._last_sent[peer] = self._made
         every = mixing_weights(state, neighbours, len(neighbours), cfg.silence_limit_s)
         went_silent, spoke_again = self._note_silence(neighbours, every)
         # The schedule's weight, for a round that went to its links; a heartbeat to every
@@ -472,6 +485,15 @@ class Mixer:
             reason,
             links,
         )
+
+    def _due(self, peer: NodeId) -> bool:
+        """Whether the link to ``peer`` may carry this round: its period (1 for a link that is
+        no bridge) has passed since its last delta."""
+        period = self._periods.get(peer)
+        if period is None:
+            return True
+        last = self._last_sent.get(peer)
+        return last is None or self._made + 1 - last >= period
 
     def _pair_gamma(self, peer: NodeId, gammas: Mapping[str, float]) -> float:
         """The γ of the link to ``peer``: the smaller of its two directions' codecs'; before

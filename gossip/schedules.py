@@ -39,6 +39,7 @@ import torch
 
 __all__ = [
     "SCHEDULES",
+    "LinkPlan",
     "LinkSchedule",
     "ScheduleConfig",
     "epidemic_peers",
@@ -234,3 +235,21 @@ class LinkSchedule:
 def _hashed_class(peer: NodeId, period: int) -> int:
     digest = hashlib.blake2b(peer.encode(), digest_size=4).digest()
     return int.from_bytes(digest, "big") % period
+
+
+@dataclass(frozen=True)
+class LinkPlan:
+    """What a node's topology says of its links beyond which they are, from the view they came
+    from (node/daemon/neighbourhood.py derives it).
+
+    Args:
+        classes: the one-peer exponential schedule's offset class of each link
+            (:func:`ring_classes`).
+        periods: a link here carries a delta in at most one round of every P of the node's
+            (a bridge between regions, ``--bridge-period``); the others, every round.
+        codecs: a link here sends with a codec of its own (a bridge, ``--bridge-compress``).
+    """
+
+    classes: Mapping[NodeId, int] = field(default_factory=dict)
+    periods: Mapping[NodeId, int] = field(default_factory=dict)
+    codecs: Mapping[NodeId, str] = field(default_factory=dict)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gossip.budget import BudgetConfig
-from gossip.codecs import AUTO_CODECS, CODECS, DEFAULT_FRACTION, AutoCodec
+from gossip.codecs import AUTO_CODECS, CODECS, DEFAULT_FRACTION, AutoCodec, Codec, get_codec
 from gossip.robust import ATTACKS  # test-only attacks (GossipConfig.attack)
 from gossip.schedules import SCHEDULES, ScheduleConfig
 from gossip.swim import SwimConfig
@@ -107,6 +107,11 @@ class GossipConfig:
         one-peer-exponential (each round to the links at ±2^k, k cycling) or epidemic
         (each round to ``fanout`` links drawn afresh); both need ``pace`` link.
     fanout: with epidemic, the links each round goes to.
+    bridge_codec: the codec of the links between regions (fp16, int8, int4 or sign), the
+        others keeping ``codec``; every delta then names its codec, as under ``auto`` (whose
+        codec set the swarm then shares). None: one codec. Needs ``pace`` link.
+    bridge_period: a link between regions carries a delta in at most one of every this many
+        of the node's rounds (1: every round). Needs ``pace`` link when above 1.
     degree: neighbours per node for random-regular; bridges between each two regions for
         regional.
     region: this node's region, in its signed member record (regional keeps most edges inside
@@ -159,6 +164,8 @@ class GossipConfig:
     topology: str = "exponential"
     degree: int = 4
     fanout: int = ScheduleConfig.fanout
+    bridge_codec: str | None = None
+    bridge_period: int = 1
     region: str = ""
     codec: str = "int8"
     block_size: int = 256
@@ -216,6 +223,20 @@ class GossipConfig:
             )
         if self.fanout < 1:
             raise ValueError(f"fanout must be at least 1, got {self.fanout}")
+        if self.bridge_period < 1:
+            raise ValueError(f"bridge_period must be at least 1, got {self.bridge_period}")
+        if (self.bridge_codec is not None or self.bridge_period > 1) and self.pace != "link":
+            raise ValueError(
+                "a codec or a period of their own for the links between regions needs a copy "
+                "of the model per link: add --pace link"
+            )
+        if self.bridge_codec is not None and not (
+            self.bridge_codec in AUTO_CODECS and self.codec in AUTO_CODECS
+        ):
+            raise ValueError(
+                f"--bridge-compress {self.bridge_codec} with --compress {self.codec}: both "
+                f"must be one of {', '.join(AUTO_CODECS)} (the codecs a delta may name)"
+            )
         check_region(self.region)
         if self.gamma is not None and not 0 < self.gamma <= 1:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
@@ -272,18 +293,29 @@ class GossipConfig:
 
     @property
     def link_gamma(self) -> dict[str, float] | None:
-        """With ``auto`` and no γ given, the γ of each codec a link may pick; None otherwise
-        (one γ, :attr:`step_size`, for every link)."""
-        if self.codec != AutoCodec.name or self.gamma is not None:
+        """With ``auto`` or a bridge codec and no γ given, the γ of each codec a link may
+        send with; None otherwise (one γ, :attr:`step_size`, for every link)."""
+        if self.gamma is not None:
             return None
-        return {c: DEFAULT_GAMMA[c] for c in AUTO_CODECS}
+        if self.codec == AutoCodec.name:
+            return {c: DEFAULT_GAMMA[c] for c in AUTO_CODECS}
+        if self.bridge_codec is not None:
+            return {c: DEFAULT_GAMMA[c] for c in (self.codec, self.bridge_codec)}
+        return None
+
+    def swarm_codec(self) -> Codec:
+        """The codec the swarm shares (its name is in the task fingerprint): ``codec``, or
+        with a bridge codec auto's set, starting every link on ``codec``."""
+        if self.bridge_codec is not None:
+            return AutoCodec(self.block_size, initial=self.codec)
+        return get_codec(self.codec, self.block_size, self.compress_fraction)
 
     @property
     def step_size(self) -> float:
         """γ: as given, or the codec's default (for a sparse codec, in proportion to its share)."""
         if self.gamma is not None:
             return self.gamma
-        if self.codec == AutoCodec.name:
+        if self.codec == AutoCodec.name or self.bridge_codec is not None:
             return 1.0  # each link's γ is its codecs' (link_gamma)
         if self.codec in SPARSE_GAMMA_PER_SHARE:
             k = round(self.compress_fraction * self.block_size)

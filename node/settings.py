@@ -240,6 +240,16 @@ class GossipSettings(_Schema):
     fanout: AtLeastOne = Field(
         2, description="with the epidemic topology, the links each round goes to"
     )  # EL's s: 2 agreed in 17-18 rounds at 64 to 1,024 nodes (bench/RESULTS.md)
+    bridge_codec: Literal["fp16", "int8", "int4", "sign"] | None = Field(
+        None,
+        description="codec of the links between regions, the others keeping codec (needs "
+        "pace link; none: one codec)",
+    )  # sign across slow links, int8 inside: HALoS's cheap slow tier
+    bridge_period: AtLeastOne = Field(
+        1,
+        description="a link between regions carries a delta in one round of every this many "
+        "(needs pace link above 1)",
+    )  # 10: a tenth of the rounds cross, as HALoS's global syncs are rarer than its local
     region: Annotated[str, AfterValidator(check_region)] = Field(
         "", description="this node's region, for the regional topology"
     )
@@ -474,6 +484,8 @@ FLAG_KEYS: dict[str, str] = {
     "step-time": "trainer.step_time",
     "topology": "gossip.topology",
     "fanout": "gossip.fanout",
+    "bridge-compress": "gossip.bridge_codec",
+    "bridge-period": "gossip.bridge_period",
     "degree": "gossip.degree",
     "region": "gossip.region",
     "compress": "gossip.codec",

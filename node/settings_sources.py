@@ -352,6 +352,20 @@ def _check_together(s: RunSettings, origins: Mapping[str, Origin]) -> None:
             f"only, which needs a copy of the model per link, and pace is "
             f"{g.pace}{said('gossip.pace')}: add --pace link"
         )
+    bridged = g.bridge_codec is not None or g.bridge_period > 1
+    if bridged and g.pace != "link":
+        raise SettingsError(
+            f"a codec or a period of their own for the links between regions (bridge_codec "
+            f"{g.bridge_codec}{said('gossip.bridge_codec')}, bridge_period "
+            f"{g.bridge_period}{said('gossip.bridge_period')}) needs a copy of the model per "
+            f"link, and pace is {g.pace}{said('gossip.pace')}: add --pace link"
+        )
+    if g.bridge_codec is not None and g.codec not in ("fp16", "int8", "int4", "sign"):
+        raise SettingsError(
+            f"bridge_codec {g.bridge_codec}{said('gossip.bridge_codec')} with codec "
+            f"{g.codec}{said('gossip.codec')}: the links inside a region must send one of "
+            "fp16, int8, int4 or sign too (the codecs a delta may name)"
+        )
     if s.mqtt_discovery and s.mqtt is None:
         raise SettingsError(
             f"MQTT discovery{said('mqtt_discovery')} needs a broker: give --mqtt URL"

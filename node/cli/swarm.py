@@ -216,6 +216,10 @@ def node_argv(
     ]
     if g.topology == "epidemic":
         argv += ["--fanout", str(g.fanout)]
+    if g.bridge_codec is not None:
+        argv += ["--bridge-compress", g.bridge_codec]
+    if g.bridge_period > 1:
+        argv += ["--bridge-period", str(g.bridge_period)]
     if g.max_local_steps is not None:
         argv += ["--max-local-steps", str(g.max_local_steps)]
     if g.outer_lr is not None:

@@ -26,7 +26,7 @@ from gossip.messages import Delta, SnapshotHeader
 from gossip.mixing import MixConfig, Mixer, Round
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
-from gossip.schedules import ScheduleConfig
+from gossip.schedules import LinkPlan, ScheduleConfig
 from gossip.trigger import TriggerConfig
 from node.daemon.flat import FlatParams
 
@@ -135,12 +135,10 @@ class Gossiper:
 
     # -- neighbours ---------------------------------------------------------------------------
 
-    def apply_neighbours(
-        self, neighbours: frozenset[str], classes: Mapping[str, int] | None = None
-    ) -> None:
+    def apply_neighbours(self, neighbours: frozenset[str], plan: LinkPlan | None = None) -> None:
         """Worker only: mix with exactly these neighbours; replicas of others are dropped
-        (``classes``: the one-peer schedule's, see Mixer.set_neighbours)."""
-        self.mixer.set_neighbours(neighbours, classes)
+        (``plan``: what the topology says of each link, see Mixer.set_neighbours)."""
+        self.mixer.set_neighbours(neighbours, plan)
         self._degree = len(neighbours)
         self.published()
 

@@ -16,12 +16,12 @@ the simulator follows the same rule.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from typing import Generic, Protocol, TypeVar
 
 from gossip.membership import MemberView, relink
 from gossip.messages import Member
-from gossip.schedules import ring_classes
+from gossip.schedules import LinkPlan, ring_classes
 from node.config import GossipConfig
 from node.daemon.steps import Steps
 
@@ -47,8 +47,9 @@ class Neighbourhood(Generic[L]):
     close_link: lets go of the link to a neighbour that went.
     greet: sends a new neighbour a membership ping with this node's record.
     apply_neighbours: has the gossip state take exactly these neighbours (run where the state
-        lives; it drops the replicas of the others), with the one-peer exponential schedule's
-        class of each (gossip/schedules.py ``ring_classes``; None for other topologies).
+        lives; it drops the replicas of the others), with what the topology says of each link
+        (gossip/schedules.py ``LinkPlan``: the one-peer schedule's classes, the bridges'
+        periods and codecs).
     """
 
     def __init__(
@@ -58,7 +59,7 @@ class Neighbourhood(Generic[L]):
         open_link: Callable[[Member], L],
         close_link: Callable[[L], None],
         greet: Callable[[Member], None],
-        apply_neighbours: Callable[[frozenset[str], Mapping[str, int] | None], object],
+        apply_neighbours: Callable[[frozenset[str], LinkPlan], object],
     ) -> None:
         self.view = view
         self.cfg = cfg
@@ -80,11 +81,9 @@ class Neighbourhood(Generic[L]):
         """Derive the neighbours from the view; open and close links to match. Returns them."""
         wanted = self.wanted()
         mine = frozenset(wanted)
-        classes = None
-        if self.cfg.topology == "one-peer-exponential":
-            classes = ring_classes(self.view.ring(), self.view.me.node_id)
+        plan = self.plan(mine)
         apply = self._apply_neighbours
-        yield lambda: apply(mine, classes)
+        yield lambda: apply(mine, plan)
         self.neighbours = mine
         close, open_ = relink({j: link.peer for j, link in self.links.items()}, wanted)
         for peer_id in close:
@@ -95,6 +94,24 @@ class Neighbourhood(Generic[L]):
                 self.links[peer_id] = self._open_link(peer)
                 self._greet(peer)
         return mine
+
+    def plan(self, neighbours: frozenset[str]) -> LinkPlan:
+        """What the topology says of each link to ``neighbours``: with one-peer exponential,
+        its offset class; for a bridge to another region, its period and codec, if set."""
+        cfg, me = self.cfg, self.view.me.node_id
+        classes: dict[str, int] = {}
+        if cfg.topology == "one-peer-exponential":
+            classes = ring_classes(self.view.ring(), me)
+        bridges: frozenset[str] = frozenset()
+        if cfg.bridge_codec is not None or cfg.bridge_period > 1:
+            regions = self.view.regions  # this node's own too, as its record says
+            here = regions.get(me, "")
+            bridges = frozenset(j for j in neighbours if regions.get(j, "") != here)
+        return LinkPlan(
+            classes,
+            dict.fromkeys(bridges, cfg.bridge_period) if cfg.bridge_period > 1 else {},
+            dict.fromkeys(bridges, cfg.bridge_codec) if cfg.bridge_codec is not None else {},
+        )
 
     def start_linking(self) -> Steps[frozenset[str]]:
         """The node has its starting model: link to the neighbours from now on."""

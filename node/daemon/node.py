@@ -40,7 +40,7 @@ from types import TracebackType
 import torch
 
 from gossip.budget import ByteBudget
-from gossip.codecs import get_codec
+from gossip.codecs import AutoCodec, Codec
 from gossip.messages import TaskFingerprint
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState, UpdateGuard
@@ -108,10 +108,12 @@ def _advertised(bound: str) -> str:
     return f"127.0.0.1:{port}"
 
 
-def _max_message_bytes(numel: int, codec: str, block_size: int) -> int:
-    """A delta of the whole model in the swarm's codec plus headroom for headers (and for
-    snapshot and model chunks, a MiB each): larger input is refused by gRPC itself."""
-    return get_codec(codec, block_size).encoded_nbytes(numel) + (1 << 20)
+def _max_message_bytes(numel: int, codec: Codec) -> int:
+    """A delta of the whole model in the swarm's codec (under auto's set, its largest) plus
+    headroom for headers (and for snapshot and model chunks, a MiB each): larger input is
+    refused by gRPC itself."""
+    members = codec.members.values() if isinstance(codec, AutoCodec) else (codec,)
+    return max(c.encoded_nbytes(numel) for c in members) + (1 << 20)
 
 
 class Node:
@@ -140,7 +142,7 @@ class Node:
         task.model.to(device)
         self.flat = FlatParams(task.model)
         g = cfg.gossip
-        codec = get_codec(g.codec, g.block_size, g.compress_fraction)
+        codec = g.swarm_codec()
         self.fingerprint = TaskFingerprint.of(self.flat.specs, codec)
         self.resumed = resume
         if resume is not None:
@@ -340,7 +342,7 @@ class Node:
         if transport is None:
             numel = sum(p.numel() for p in task.model.parameters())
             g = cfg.gossip
-            limit = _max_message_bytes(numel, g.codec, g.block_size)
+            limit = _max_message_bytes(numel, g.swarm_codec())
             transport = GrpcTransport(GrpcTransportConfig(limit, tls))
         resume, resume_path = await asyncio.to_thread(restore, cfg, task)
         ca_pem = tls.ca_pem if tls else None

@@ -22,7 +22,6 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from gossip.codecs import get_codec
 from gossip.messages import ParamSpec, TaskFingerprint
 from gossip.replicas import GossipState
 from gossip.swim import Swim
@@ -343,7 +342,7 @@ def restore(cfg: NodeConfig, task: Task) -> tuple[Checkpoint | None, Path | None
         for name, p in task.model.named_parameters()
     )
     g = cfg.gossip
-    fingerprint = TaskFingerprint.of(specs, get_codec(g.codec, g.block_size, g.compress_fraction))
+    fingerprint = TaskFingerprint.of(specs, g.swarm_codec())
 
     def check(ckpt: Checkpoint, path: Path) -> None:
         check_resumable(ckpt, fingerprint, cfg, path)

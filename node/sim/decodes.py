@@ -26,13 +26,8 @@ __all__ = ["sharing_decodes"]
 class _SharedDecodes(Codec):
     """Mixed in before a concrete codec class: its ``decode``, once per payload."""
 
-    def __init__(self, block_size: int) -> None:
-        super().__init__(block_size)
-        # Entries go with their payloads: memory stays what the live deltas hold anyway.
-        self._decoded: weakref.WeakKeyDictionary[Encoded, torch.Tensor] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._valid: weakref.WeakSet[Encoded] = weakref.WeakSet()
+    _decoded: weakref.WeakKeyDictionary[Encoded, torch.Tensor]
+    _valid: weakref.WeakSet[Encoded]
 
     def validate(self, enc: Encoded) -> None:
         if enc not in self._valid:
@@ -48,7 +43,12 @@ class _SharedDecodes(Codec):
 
 
 def sharing_decodes(codec: Codec) -> Codec:
-    """A codec like ``codec`` (same class, name and block size) that decodes each payload
-    object once."""
+    """A codec like ``codec`` (same class and settings: name, block size, a sparse codec's
+    share, auto's first codec) that decodes each payload object once."""
     cls = type(f"Shared{type(codec).__name__}", (_SharedDecodes, type(codec)), {})
-    return cast(Codec, cls(codec.block_size))
+    shared = cast(_SharedDecodes, object.__new__(cls))
+    shared.__dict__.update(codec.__dict__)
+    # Entries go with their payloads: memory stays what the live deltas hold anyway.
+    shared._decoded = weakref.WeakKeyDictionary()
+    shared._valid = weakref.WeakSet()
+    return shared

@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 import torch
 
 from gossip.clock import ManualClock
-from gossip.codecs import get_codec
 from gossip.events import EventQueue, LinkLatency, Network
 from gossip.relays import relay_order
 from gossip.simulate import consensus_distance
@@ -138,9 +137,7 @@ class Simulation:
             random.Random(cfg.seed + 1),
             slowdown,
         )
-        self.codec = sharing_decodes(
-            get_codec(cfg.gossip.codec, cfg.gossip.block_size, cfg.gossip.compress_fraction)
-        )
+        self.codec = sharing_decodes(cfg.gossip.swarm_codec())
         self.factory = load_task(cfg.task)
         self.nodes: dict[str, SimNode] = {}
         #: Nodes gone, and what they sent (a departed node's model and data are let go).

@@ -4,7 +4,8 @@ link rounds): ``--topology one-peer-exponential`` and ``--topology epidemic``.
 What the daemon and the simulator rely on: the one-peer classes are exactly the exponential
 graph's links, a round goes to one class (or ``fanout`` drawn links) and passes over a class it
 cannot serve, a swarm gossiping so agrees about its starting mean on a fraction of the deltas of
-every link every round, and a heartbeat still reaches every link.
+every link every round, and a heartbeat still reaches every link. A link plan's bridges carry one
+round in P, with a codec of their own.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import pytest
 import torch
 
 from gossip.clock import ManualClock
-from gossip.codecs import get_codec
+from gossip.codecs import AutoCodec, get_codec
 from gossip.mixing import MixConfig, Mixer
 from gossip.replicas import GossipState
-from gossip.schedules import LinkSchedule, ScheduleConfig, ring_classes
+from gossip.schedules import LinkPlan, LinkSchedule, ScheduleConfig, ring_classes
 from gossip.topology import build, exponential
 from gossip.trigger import TriggerConfig
 
@@ -125,7 +126,7 @@ def _swarm(
         for i in ids
     }
     for i in ids:
-        mixers[i].set_neighbours(graph.neighbours(i), ring_classes(ids, i))
+        mixers[i].set_neighbours(graph.neighbours(i), LinkPlan(ring_classes(ids, i)))
     for i in ids:
         for j in graph.neighbours(i):
             seq, values = states[i].snapshot_for(j, xs[i])
@@ -206,3 +207,32 @@ def test_a_heartbeat_goes_to_every_link() -> None:
     assert beat.reason == "heartbeat"
     assert set(beat.links) == mixers["n00"].neighbours
     assert sum(beat.weights.values()) < 1
+
+
+def test_a_bridge_carries_one_round_in_p_with_a_codec_of_its_own() -> None:
+    """A link in the plan's periods carries a delta in one of every P rounds, and one in its
+    codecs sends with that codec; the other links carry every round in the node's own, and
+    every replica stays bit-identical to the copy its link keeps."""
+    clock = ManualClock()
+    auto = AutoCodec(32, initial="int8")
+    x = torch.randn(DIM, generator=torch.Generator().manual_seed(2))
+    me = GossipState(x, auto, clock, torch.Generator().manual_seed(1), session=1, per_link=True)
+    peers = {p: GossipState(torch.zeros(DIM), auto, clock, session=2) for p in ("a", "b", "c")}
+    mixer = Mixer(me, MixConfig(silence_limit_s=1e9))
+    mixer.set_neighbours(frozenset(peers), LinkPlan(periods={"c": 3}, codecs={"c": "sign"}))
+    for p, state in peers.items():
+        state.set_peers(frozenset({"me"}))
+        seq, values = me.snapshot_for(p, x)
+        state.receive_snapshot("me", 1, seq, values, degree=3)
+    sent: dict[str, list[str]] = {p: [] for p in peers}
+    for _ in range(12):
+        x.add_(torch.randn(DIM, generator=torch.Generator().manual_seed(len(sent["a"]))))
+        made = mixer.round(x, ready=frozenset(peers))
+        assert made is not None
+        for p, (seq, payload) in made.links.items():
+            peers[p].receive_delta("me", 1, seq, payload, degree=3)
+            sent[p].append(payload.codec)
+    assert sent["a"] == sent["b"] == ["int8"] * 12
+    assert sent["c"] == ["sign"] * 4
+    for p, state in peers.items():
+        assert torch.equal(state.replicas["me"].value, me.copies[p].value)

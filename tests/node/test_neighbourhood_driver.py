@@ -48,7 +48,7 @@ class Node(Refusing):
             Edge,
             lambda edge: self.closed.append(edge.peer.node_id),
             lambda peer: self.membership.send([self.swim.ping(peer.address)]),
-            lambda mine, classes: self.applied.append(mine),
+            lambda mine, plan: self.applied.append(mine),
         )
 
     async def start(self) -> None:

@@ -104,6 +104,20 @@ def add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         "--fanout", dest="gossip.fanout", metavar="S", default=d, help=flag_help("gossip.fanout")
     )
     p.add_argument(
+        "--bridge-compress",
+        dest="gossip.bridge_codec",
+        choices=("fp16", "int8", "int4", "sign"),
+        default=d,
+        help=flag_help("gossip.bridge_codec"),
+    )
+    p.add_argument(
+        "--bridge-period",
+        dest="gossip.bridge_period",
+        metavar="P",
+        default=d,
+        help=flag_help("gossip.bridge_period"),
+    )
+    p.add_argument(
         "--compress",
         dest="gossip.codec",
         choices=CODEC_NAMES,
