@@ -2,7 +2,12 @@
 when the links between regions are slower (issue 19).
 
     python -m bench.sim_regions_daemon [--nodes 64] [--regions 4] [--slowdown 10]
-        [--bridges 1,2,4] [--duration 40] [--task logistic]
+        [--bridges 1,2,4] [--duration 40] [--task logistic] [--per-link]
+        [--bridged sign/10,int8/3]
+
+With ``--per-link`` the flat and each regional graph run again with a copy per link
+(``--pace link``), and each regional graph once more for each CODEC/P of ``--bridged``, its
+bridges sending CODEC in one round of P (``--bridge-compress CODEC --bridge-period P``).
 
 Each run is ``murmur simulate --regions R --cross-region-slowdown X`` with the topology named:
 the daemon's own nodes (codecs, replicas, mixing, SWIM, link policy, trainer step) on simulated
@@ -83,6 +88,8 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=40.0, help="simulated seconds")
     p.add_argument("--task", default="logistic")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--per-link", action="store_true", help="also with --pace link")
+    p.add_argument("--bridged", default="sign/10,int8/3", help="bridge CODEC/PERIOD pairs")
     args = p.parse_args()
     torch.set_num_threads(1)
     print(
@@ -91,9 +98,27 @@ def main() -> None:
     )
     print(HEADER)
     print(run("flat exponential", GossipConfig(topology="exponential"), args), flush=True)
+    if args.per_link:
+        flat = GossipConfig(topology="exponential", pace="link")
+        print(run("flat exponential, --pace link", flat, args), flush=True)
     for k in (int(b) for b in args.bridges.split(",")):
         gossip = GossipConfig(topology="regional", degree=k)
         print(run(f"regional, {k} bridge(s) per pair", gossip, args), flush=True)
+        if not args.per_link:
+            continue
+        per_link = GossipConfig(topology="regional", degree=k, pace="link")
+        print(run(f"regional, {k} bridge(s), --pace link", per_link, args), flush=True)
+        for pair in args.bridged.split(","):
+            codec, _, period = pair.partition("/")
+            bridged = GossipConfig(
+                topology="regional",
+                degree=k,
+                pace="link",
+                bridge_codec=codec,
+                bridge_period=int(period),
+            )
+            name = f"regional, {k} bridge(s), {codec} 1 round in {period} across"
+            print(run(name, bridged, args), flush=True)
 
 
 if __name__ == "__main__":
