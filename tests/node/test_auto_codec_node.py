@@ -58,6 +58,13 @@ def link_replicas_exact(nodes: Mapping[str, HasState]) -> bool:
     )
 
 
+def links_settled(nodes: Mapping[str, HasState]) -> bool:
+    """Every link is up both ways, and every replica exact: nothing is in flight."""
+    return all(
+        n.state.replicas.keys() == n.state.copies.keys() for n in nodes.values()
+    ) and link_replicas_exact(nodes)
+
+
 @pytest.mark.parametrize(
     ("bandwidth", "picks"),
     [
@@ -97,13 +104,7 @@ async def test_daemons_pick_a_codec_per_link_and_show_it(tmp_path: Path) -> None
         for n in nodes:
             await n.wait_until(n.training_finished.is_set, TIMEOUT_S)
         by_id: dict[str, Node] = {n.node_id: n for n in nodes}
-
-        def settled() -> bool:
-            return all(
-                n.state.replicas.keys() == n.state.copies.keys() for n in nodes
-            ) and link_replicas_exact(by_id)
-
-        await nodes[0].wait_until(settled, TIMEOUT_S)
+        await nodes[0].wait_until(lambda: links_settled(by_id), TIMEOUT_S)
         for n in nodes:
             status = await n.status()
             assert status.codec == "auto"

@@ -23,7 +23,7 @@ from node.settings_sources import SettingsError, load_settings
 from node.sim import NetConfig, SimConfig, Simulation
 from node.telemetry.status import format_status
 from tests.node.helpers import memory_swarm
-from tests.node.test_auto_codec_node import link_replicas_exact
+from tests.node.test_auto_codec_node import link_replicas_exact, links_settled
 
 TIMEOUT_S = 60.0
 BRIDGED = GossipConfig(
@@ -127,13 +127,7 @@ async def test_daemons_bridge_regions_with_their_codec_and_period(tmp_path: Path
             await n.wait_until(n.training_finished.is_set, TIMEOUT_S)
         by_id: dict[str, Node] = {n.node_id: n for n in nodes}
         region_of = {n.node_id: block_region(i, 6, 2) for i, n in enumerate(nodes)}
-
-        def settled() -> bool:
-            return all(
-                n.state.replicas.keys() == n.state.copies.keys() for n in nodes
-            ) and link_replicas_exact(by_id)
-
-        await nodes[0].wait_until(settled, TIMEOUT_S)
+        await nodes[0].wait_until(lambda: links_settled(by_id), TIMEOUT_S)
         bridges = 0
         for n in nodes:
             status = await n.status()

@@ -21,7 +21,7 @@ from node.daemon.node import Node
 from node.settings_sources import SettingsError, load_settings
 from node.sim import SimConfig, Simulation
 from tests.node.helpers import memory_swarm
-from tests.node.test_auto_codec_node import link_replicas_exact
+from tests.node.test_auto_codec_node import links_settled
 
 TIMEOUT_S = 60.0
 #: The most links one round goes to, by schedule (one-peer: both sides of the ring).
@@ -70,13 +70,7 @@ async def test_daemons_send_each_round_to_a_few_links_and_train(kind: str, tmp_p
             await n.wait_until(n.training_finished.is_set, TIMEOUT_S)
         by_id: dict[str, Node] = {n.node_id: n for n in nodes}
         graph = exponential(by_id)
-
-        def settled() -> bool:
-            return all(
-                n.state.replicas.keys() == n.state.copies.keys() for n in nodes
-            ) and link_replicas_exact(by_id)
-
-        await nodes[0].wait_until(settled, TIMEOUT_S)
+        await nodes[0].wait_until(lambda: links_settled(by_id), TIMEOUT_S)
         for n in nodes:
             links = n.peers.links
             assert set(links) == graph.neighbours(n.node_id)
