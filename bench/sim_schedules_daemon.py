@@ -4,7 +4,10 @@
 training (issue 19).
 
     python -m bench.sim_schedules_daemon [--nodes 16,64] [--duration 10] [--task digits]
-        [--bandwidth 1.25e6] [--fanout 2]
+        [--bandwidth 1.25e6] [--fanout 2] [--plot DIR]
+
+With ``--plot DIR`` it also draws, for each swarm size, the relative distance against time and
+against the bytes a node sent (``DIR/schedules-N.png``).
 
 Each run is ``murmur simulate`` with the graph named: the daemon's own nodes (codecs, replicas,
 mixing, SWIM, link policy, trainer step) on simulated time, each node starting from a model of
@@ -21,8 +24,11 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from node.config import GossipConfig
 from node.sim import NetConfig, SimConfig, Simulation
@@ -38,7 +44,13 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
-def run(name: str, gossip: GossipConfig, nodes: int, args: argparse.Namespace) -> str:
+#: Each graph's samples: (simulated s, relative distance, KiB sent per node).
+Curve = list[tuple[float, float, float]]
+
+
+def run(
+    name: str, gossip: GossipConfig, nodes: int, args: argparse.Namespace, curves: dict[str, Curve]
+) -> str:
     cfg = SimConfig(
         nodes=nodes,
         task=args.task,
@@ -53,6 +65,9 @@ def run(name: str, gossip: GossipConfig, nodes: int, args: argparse.Namespace) -
     sim = Simulation(cfg)
     summary = sim.run()
     members = list(sim.nodes.values())
+    curves[name] = [
+        (s.t, s.relative_distance, s.bytes_per_node / 1024) for s in sim.samples if s.t > 0
+    ]
     deltas = sum(link.stats.deltas_sent for n in members for link in n.links.values())
     rounds = sum(n.counters.rounds for n in members)
     return (
@@ -65,6 +80,24 @@ def run(name: str, gossip: GossipConfig, nodes: int, args: argparse.Namespace) -
     )
 
 
+def plot(curves: dict[str, Curve], path: Path, title: str) -> None:
+    fig = Figure(figsize=(11, 4.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    by_time, by_bytes = fig.subplots(1, 2)
+    for name, curve in curves.items():
+        t, distance, kib = zip(*curve, strict=True)
+        by_time.plot(t, distance, marker=".", label=name)
+        by_bytes.plot(kib, distance, marker=".", label=name)
+    for ax, xlabel in ((by_time, "simulated s"), (by_bytes, "KiB sent per node")):
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("relative distance to consensus")
+        ax.grid(True, alpha=0.3)
+    by_time.legend(fontsize="small")
+    fig.suptitle(title)
+    fig.savefig(path, format="png")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nodes", default="16,64", help="swarm sizes, comma-separated")
@@ -73,6 +106,7 @@ def main() -> None:
     p.add_argument("--bandwidth", type=float, default=1.25e6, help="uplink bytes a second")
     p.add_argument("--fanout", type=int, default=2, help="links an epidemic round goes to")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", type=Path, help="draw the curves into this folder")
     args = p.parse_args()
     torch.set_num_threads(1)
     graphs = [
@@ -90,8 +124,13 @@ def main() -> None:
             f"{args.duration:g} s simulated"
         )
         print(HEADER)
+        curves: dict[str, Curve] = {}
         for name, gossip in graphs:
-            print(run(name, gossip, nodes, args), flush=True)
+            print(run(name, gossip, nodes, args, curves), flush=True)
+        if args.plot is not None:
+            args.plot.mkdir(parents=True, exist_ok=True)
+            title = f"{nodes} nodes, {args.task}, uplinks {args.bandwidth * 8 / 1e6:g} Mbit/s"
+            plot(curves, args.plot / f"schedules-{nodes}.png", title)
 
 
 if __name__ == "__main__":
