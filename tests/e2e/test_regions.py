@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 
 from gossip.topology import block_region, crosses, regional
-from node.cli.swarm import NodeProcess, SwarmConfig, node_argv, provision
+from node.cli.swarm import SwarmConfig
 from node.config import GossipConfig
 from node.telemetry.status import NodeStatus
-from node.transport.grpc import GrpcTransport, GrpcTransportConfig
-from tests.e2e.watch import wait_for
+from tests.e2e.watch import mtls_swarm, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -51,13 +50,7 @@ def follows(graph_of: dict[str, str], ss: list[NodeStatus]) -> bool:
 async def test_real_nodes_keep_to_their_regions_and_rebridge_after_a_kill(
     tmp_path: Path,
 ) -> None:
-    procs = [NodeProcess(i, tmp_path / f"node-{i}") for i in range(CFG.nodes)]
-    tls = provision(CFG, tmp_path, [p.state_dir for p in procs])
-    transport = GrpcTransport(GrpcTransportConfig(tls=tls))
-    try:
-        for p in procs:
-            join = procs[0].address if p.index else None
-            await p.start(node_argv(CFG, p.index, p.state_dir, join) + EXTRA, TIMEOUT_S)
+    async with mtls_swarm(CFG, tmp_path, EXTRA, TIMEOUT_S) as (procs, transport):
         region_of = {p.node_id: block_region(p.index, CFG.nodes, CFG.regions) for p in procs}
         got = await wait_for(
             transport,
@@ -97,6 +90,3 @@ async def test_real_nodes_keep_to_their_regions_and_rebridge_after_a_kill(
             TIMEOUT_S,
         )
         assert all(s.eval_accuracy >= 0.8 for s in after), [s.eval_accuracy for s in after]
-    finally:
-        for p in procs:
-            await p.stop(10.0)

@@ -1,21 +1,24 @@
 """Watching a swarm of ``NodeProcess`` children from a test: each node's Status, a wait until
-the statuses of all of them satisfy a condition, and every node's model fetched at once.
-Shared by tests/e2e/test_churn.py and tests/e2e/test_partition.py."""
+the statuses of all of them satisfy a condition, and every node's model fetched at once; and a
+swarm over mutual TLS started and stopped around a test (:func:`mtls_swarm`).
+Shared by tests/e2e/test_churn.py, test_partition.py, test_regions.py and test_schedules.py."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import torch
 
-from node.cli.swarm import NodeProcess
+from node.cli.swarm import NodeProcess, SwarmConfig, node_argv, provision
 from node.telemetry.status import NodeStatus
 from node.transport.base import Rejected, Unreachable
-from node.transport.grpc import GrpcTransport
+from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 from tests.node.helpers import poll
 
-__all__ = ["pull_models", "status", "wait_for"]
+__all__ = ["mtls_swarm", "pull_models", "status", "wait_for"]
 
 STATUS_S = 5.0  # one Status call
 
@@ -60,3 +63,23 @@ async def pull_models(
 
     models = await asyncio.gather(*(one(p) for p in procs))
     return {p.node_id: m for p, m in zip(procs, models, strict=True)}
+
+
+@contextlib.asynccontextmanager
+async def mtls_swarm(
+    cfg: SwarmConfig, workdir: Path, extra: list[str], timeout_s: float
+) -> AsyncIterator[tuple[list[NodeProcess], GrpcTransport]]:
+    """``cfg.nodes`` ``murmur run`` processes over mutual TLS (certificates from
+    ``provision``), started one after another, each joining through the first, with ``extra``
+    flags; and a transport with the swarm's credentials to call them. Stopped at the end."""
+    procs = [NodeProcess(i, workdir / f"node-{i}") for i in range(cfg.nodes)]
+    tls = provision(cfg, workdir, [p.state_dir for p in procs])
+    transport = GrpcTransport(GrpcTransportConfig(tls=tls))
+    try:
+        for p in procs:
+            join = procs[0].address if p.index else None
+            await p.start(node_argv(cfg, p.index, p.state_dir, join) + extra, timeout_s)
+        yield procs, transport
+    finally:
+        for p in procs:
+            await p.stop(10.0)
