@@ -271,13 +271,8 @@ class Mixer:
         self._evicted: frozenset[NodeId] = frozenset()
         #: With a copy per link: each neighbour's replica version at the last mix with it.
         self._mixed: dict[NodeId, tuple[int, int]] = {}
-        #: Links that carry a delta only every so many rounds (bridges), and the round count
-        #: at each link's last delta.
-        self._periods: dict[NodeId, int] = {}
-        self._made = 0
-        self._last_sent: dict[NodeId, int] = {}
-        #: Which links each round goes to (None: every ready one).
-        self.schedule = LinkSchedule(cfg.schedule) if cfg.schedule is not None else None
+        #: Which of the ready links each link round goes to (bridges' periods, a schedule).
+        self.schedule = LinkSchedule(cfg.schedule)
         #: The event-triggered rule (None: off, every round is made).
         self.trigger = (
             RoundTrigger(cfg.trigger, cfg.trigger.heartbeat_for(cfg.silence_limit_s))
@@ -310,9 +305,7 @@ class Mixer:
                 periods and codecs need a copy per link, and its codecs ``auto``'s codec set.
         """
         plan = plan or LinkPlan()
-        if self.schedule is not None:
-            self.schedule.set_classes({p: k for p, k in plan.classes.items() if p in neighbours})
-        self._periods = {p: k for p, k in plan.periods.items() if p in neighbours and k > 1}
+        self.schedule.set_plan(plan, neighbours)
         gone = self.state.set_peers(neighbours)
         self.state.set_link_codecs(plan.codecs)
         if self.scores is not None:
@@ -321,7 +314,6 @@ class Mixer:
         self._evicted &= neighbours
         for peer in gone:
             self._mixed.pop(peer, None)
-            self._last_sent.pop(peer, None)
         return gone
 
     def weights(self) -> dict[NodeId, float]:
@@ -424,13 +416,13 @@ class Mixer:
         trigger finds the round not worth its bytes."""
         cfg, state = self.cfg, self.state
         neighbours = self.neighbours
-        ready = frozenset(p for p in ready if p in state.copies and self._due(p))
+        ready = self.schedule.due(frozenset(p for p in ready if p in state.copies))
         if not ready:
             return None
         guard = lock if lock is not None else contextlib.nullcontext()
         with guard:
             current = x.clone()
-        scheduled = self.schedule.pick(ready) if self.schedule is not None else ready
+        scheduled = self.schedule.pick(ready)
         reason = self._worth(current, neighbours, [state.codec_for(p) for p in scheduled])
         if reason is None:
             return None
@@ -438,17 +430,13 @@ class Mixer:
             # A heartbeat goes to every ready link: one link in a cycle of classes would
             # hear from this node only every τ heartbeats, past its silence limit.
             ready = scheduled
-        if self.schedule is not None:
-            self.schedule.made(scheduled)
         links: dict[NodeId, tuple[int, Encoded]] = {}
         for peer in sorted(ready):
             made = state.make_link_delta(peer, current)
             if made is not None:
                 links[peer] = made
         state.note_model(current)
-        self._made += 1
-        for peer in links:
-            self._last_sent[peer] = self._made
+        self.schedule.made(scheduled, links)
         every = mixing_weights(state, neighbours, len(neighbours), cfg.silence_limit_s)
         went_silent, spoke_again = self._note_silence(neighbours, every)
         # The schedule's weight, for a round that went to its links; a heartbeat to every
@@ -485,15 +473,6 @@ class Mixer:
             reason,
             links,
         )
-
-    def _due(self, peer: NodeId) -> bool:
-        """Whether the link to ``peer`` may carry this round: its period (1 for a link that is
-        no bridge) has passed since its last delta."""
-        period = self._periods.get(peer)
-        if period is None:
-            return True
-        last = self._last_sent.get(peer)
-        return last is None or self._made + 1 - last >= period
 
     def _pair_gamma(self, peer: NodeId, gammas: Mapping[str, float]) -> float:
         """The γ of the link to ``peer``: the smaller of its two directions' codecs'; before

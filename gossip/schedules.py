@@ -180,63 +180,6 @@ class ScheduleConfig:
         return 1.0 / (1 + (2 if self.kind == "one-peer-exponential" else self.fanout))
 
 
-@dataclass
-class LinkSchedule:
-    """Which of a node's links its next round goes to; the round counter is its own (rounds
-    are asynchronous, so nothing needs the ends' counters to agree: a link that is not due
-    keeps its unsent change for the round that is).
-
-    A class whose links are all busy or down is passed over for the next that has a ready
-    link, so a dead or slow neighbour never stalls the cycle; the epidemic draw is among the
-    ready links. Not thread-safe, like the Mixer that owns it.
-    """
-
-    cfg: ScheduleConfig
-    #: Rounds made (with one-peer exponential: the class the next round starts looking at).
-    rounds: int = 0
-    #: One-peer exponential: each link's offset class (:func:`ring_classes`).
-    classes: Mapping[NodeId, int] = field(default_factory=dict)
-
-    def set_classes(self, classes: Mapping[NodeId, int]) -> None:
-        self.classes = dict(classes)
-
-    def pick(self, ready: frozenset[NodeId]) -> frozenset[NodeId]:
-        """The links of ``ready`` the next round goes to (empty when none fits)."""
-        if not ready:
-            return frozenset()
-        if self.cfg.kind == "epidemic":
-            order = sorted(ready)
-            key = hashlib.blake2b(
-                f"{self.cfg.seed}\0{self.rounds}\0{chr(0).join(order)}".encode(), digest_size=8
-            ).digest()
-            rng = random.Random(int.from_bytes(key, "big"))
-            return frozenset(rng.sample(order, min(self.cfg.fanout, len(order))))
-        period = max(self.classes.values(), default=0) + 1
-        # A link the view has no class for yet (the views differ for a moment) keeps a class
-        # of its own, from its id, so it is still served once a cycle.
-        of = {p: self.classes.get(p, _hashed_class(p, period)) for p in ready}
-        for d in range(period):
-            k = (self.rounds + d) % period
-            chosen = frozenset(p for p, c in of.items() if c == k)
-            if chosen:
-                return chosen
-        return frozenset()  # unreachable: every ready link has a class below period
-
-    def made(self, chosen: frozenset[NodeId]) -> None:
-        """A round went to ``chosen`` (what :meth:`pick` gave): on to the next."""
-        if self.cfg.kind == "one-peer-exponential" and chosen:
-            period = max(self.classes.values(), default=0) + 1
-            k = min(self.classes.get(p, _hashed_class(p, period)) for p in chosen)
-            self.rounds = self.rounds + ((k - self.rounds) % period) + 1
-            return
-        self.rounds += 1
-
-
-def _hashed_class(peer: NodeId, period: int) -> int:
-    digest = hashlib.blake2b(peer.encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big") % period
-
-
 @dataclass(frozen=True)
 class LinkPlan:
     """What a node's topology says of its links beyond which they are, from the view they came
@@ -253,3 +196,86 @@ class LinkPlan:
     classes: Mapping[NodeId, int] = field(default_factory=dict)
     periods: Mapping[NodeId, int] = field(default_factory=dict)
     codecs: Mapping[NodeId, str] = field(default_factory=dict)
+
+
+@dataclass
+class LinkSchedule:
+    """Which of a node's ready links its next link round goes to: a link with a period (a
+    bridge, :class:`LinkPlan`) only once that many rounds passed since its last delta, then,
+    with a time-varying schedule, the links it picks among those. The round counter is the
+    node's own (rounds are asynchronous, so nothing needs the ends' counters to agree: a link
+    that is not due keeps its unsent change for the round that is).
+
+    A class whose links are all busy or down is passed over for the next that has a ready
+    link, so a dead or slow neighbour never stalls the cycle; the epidemic draw is among the
+    ready links. Not thread-safe, like the Mixer that owns it.
+    """
+
+    #: The time-varying schedule (None: every ready link that is due).
+    cfg: ScheduleConfig | None = None
+    #: Link rounds made.
+    rounds: int = 0
+    #: One-peer exponential: the class the next round starts looking at.
+    cursor: int = 0
+    #: One-peer exponential: each link's offset class (:func:`ring_classes`).
+    classes: Mapping[NodeId, int] = field(default_factory=dict)
+    #: Links that carry a delta only every so many rounds, and the round of each link's last.
+    periods: Mapping[NodeId, int] = field(default_factory=dict)
+    last_sent: dict[NodeId, int] = field(default_factory=dict)
+
+    def set_classes(self, classes: Mapping[NodeId, int]) -> None:
+        self.classes = dict(classes)
+
+    def set_plan(self, plan: LinkPlan, links: frozenset[NodeId]) -> None:
+        """Follow ``plan`` for exactly ``links`` (what it says of others is dropped)."""
+        self.set_classes({p: k for p, k in plan.classes.items() if p in links})
+        self.periods = {p: k for p, k in plan.periods.items() if p in links and k > 1}
+        self.last_sent = {p: r for p, r in self.last_sent.items() if p in links}
+
+    def due(self, ready: frozenset[NodeId]) -> frozenset[NodeId]:
+        """The links of ``ready`` whose period has passed since their last delta."""
+        return frozenset(
+            p
+            for p in ready
+            if p not in self.periods
+            or p not in self.last_sent
+            or self.rounds + 1 - self.last_sent[p] >= self.periods[p]
+        )
+
+    def pick(self, ready: frozenset[NodeId]) -> frozenset[NodeId]:
+        """The links of ``ready`` the next round goes to (empty when none fits)."""
+        if not ready or self.cfg is None:
+            return ready
+        if self.cfg.kind == "epidemic":
+            order = sorted(ready)
+            key = hashlib.blake2b(
+                f"{self.cfg.seed}\0{self.rounds}\0{chr(0).join(order)}".encode(), digest_size=8
+            ).digest()
+            rng = random.Random(int.from_bytes(key, "big"))
+            return frozenset(rng.sample(order, min(self.cfg.fanout, len(order))))
+        period = max(self.classes.values(), default=0) + 1
+        # A link the view has no class for yet (the views differ for a moment) keeps a class
+        # of its own, from its id, so it is still served once a cycle.
+        of = {p: self.classes.get(p, _hashed_class(p, period)) for p in ready}
+        for d in range(period):
+            k = (self.cursor + d) % period
+            chosen = frozenset(p for p, c in of.items() if c == k)
+            if chosen:
+                return chosen
+        return frozenset()  # unreachable: every ready link has a class below period
+
+    def made(self, chosen: frozenset[NodeId], sent: Iterable[NodeId] | None = None) -> None:
+        """A round went to ``chosen`` (what :meth:`pick` gave) and its deltas to ``sent``
+        (by default ``chosen``): on to the next."""
+        self.rounds += 1
+        for peer in chosen if sent is None else sent:
+            self.last_sent[peer] = self.rounds
+        if self.cfg is not None and self.cfg.kind == "one-peer-exponential" and chosen:
+            period = max(self.classes.values(), default=0) + 1
+            k = min(self.classes.get(p, _hashed_class(p, period)) for p in chosen)
+            self.cursor += (k - self.cursor) % period + 1
+
+
+def _hashed_class(peer: NodeId, period: int) -> int:
+    digest = hashlib.blake2b(peer.encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") % period
