@@ -39,10 +39,12 @@ from node.daemon.pacing import MIN_UPLOAD_RATE
 
 __all__ = [
     "ATTACKS",
+    "BRIDGE_CODEC_NAMES",
     "CODEC_NAMES",
     "ENV_NOT_SETTINGS",
     "ENV_PREFIX",
     "FLAG_KEYS",
+    "SCHEDULE_NAMES",
     "SECTIONS",
     "TOPOLOGY_NAMES",
     "GossipSettings",
@@ -63,6 +65,11 @@ CODEC_NAMES = (
 TOPOLOGY_NAMES = (
     "ring", "exponential", "random-regular", "regional", "one-peer-exponential", "epidemic"
 )  # fmt: skip
+#: Of those, the time-varying schedules over a copy per link (``gossip/schedules.py``).
+SCHEDULE_NAMES = ("one-peer-exponential", "epidemic")
+#: The codecs a delta may name (``gossip/codecs.py`` ``AUTO_CODECS``): a bridge's, and then
+#: the others' too.
+BRIDGE_CODEC_NAMES = ("fp16", "int8", "int4", "sign")
 #: Test-only attacks a node can mount on its neighbours (``GossipConfig.attack``).
 ATTACKS = ("scale", "flip", "random", "huge", "spike")
 ENV_PREFIX = "MURMUR_"
@@ -240,7 +247,7 @@ class GossipSettings(_Schema):
     fanout: AtLeastOne = Field(
         2, description="with the epidemic topology, the links each round goes to"
     )  # EL's s: 2 agreed in 17-18 rounds at 64 to 1,024 nodes (bench/RESULTS.md)
-    bridge_codec: Literal["fp16", "int8", "int4", "sign"] | None = Field(
+    bridge_codec: Literal["fp16", "int8", "int4", "sign"] | None = Field(  # BRIDGE_CODEC_NAMES
         None,
         description="codec of the links between regions, the others keeping codec (needs "
         "pace link; none: one codec)",

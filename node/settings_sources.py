@@ -25,9 +25,11 @@ from pydantic_settings import EnvSettingsSource
 from pydantic_settings.sources.utils import parse_env_vars
 
 from node.settings import (
+    BRIDGE_CODEC_NAMES,
     ENV_NOT_SETTINGS,
     ENV_PREFIX,
     FLAG_KEYS,
+    SCHEDULE_NAMES,
     SECTIONS,
     RunSettings,
     keys,
@@ -346,7 +348,7 @@ def _check_together(s: RunSettings, origins: Mapping[str, Origin]) -> None:
             f"local_steps {g.local_steps}{said('gossip.local_steps')}: the most local steps "
             "between two rounds cannot be fewer than the least"
         )
-    if g.topology in ("one-peer-exponential", "epidemic") and g.pace != "link":
+    if g.topology in SCHEDULE_NAMES and g.pace != "link":
         raise SettingsError(
             f"topology {g.topology}{said('gossip.topology')} sends each round to some links "
             f"only, which needs a copy of the model per link, and pace is "
@@ -360,11 +362,12 @@ def _check_together(s: RunSettings, origins: Mapping[str, Origin]) -> None:
             f"{g.bridge_period}{said('gossip.bridge_period')}) needs a copy of the model per "
             f"link, and pace is {g.pace}{said('gossip.pace')}: add --pace link"
         )
-    if g.bridge_codec is not None and g.codec not in ("fp16", "int8", "int4", "sign"):
+    if g.bridge_codec is not None and g.codec not in BRIDGE_CODEC_NAMES:
         raise SettingsError(
             f"bridge_codec {g.bridge_codec}{said('gossip.bridge_codec')} with codec "
             f"{g.codec}{said('gossip.codec')}: the links inside a region must send one of "
-            "fp16, int8, int4 or sign too (the codecs a delta may name)"
+            f"{', '.join(BRIDGE_CODEC_NAMES[:-1])} or {BRIDGE_CODEC_NAMES[-1]} too (the "
+            "codecs a delta may name)"
         )
     if s.mqtt_discovery and s.mqtt is None:
         raise SettingsError(

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gossip.codecs import CODECS
+from gossip.codecs import AUTO_CODECS, CODECS
+from gossip.schedules import SCHEDULES
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
 from node.config import ATTACKS, GossipConfig, NodeConfig, PowerConfig, node_config
@@ -17,7 +18,16 @@ from node.daemon.trainer import TrainerConfig
 from node.settings import (
     ATTACKS as SETTINGS_ATTACKS,
 )
-from node.settings import CODEC_NAMES, ENV_PREFIX, TOPOLOGY_NAMES, RunSettings, default_of, keys
+from node.settings import (
+    BRIDGE_CODEC_NAMES,
+    CODEC_NAMES,
+    ENV_PREFIX,
+    SCHEDULE_NAMES,
+    TOPOLOGY_NAMES,
+    RunSettings,
+    default_of,
+    keys,
+)
 from node.settings_sources import SettingsError, load_settings
 
 # (what the file says, what the message must say). Each is a TOML file on its own.
@@ -180,6 +190,8 @@ def test_the_schema_covers_every_field_of_the_frozen_configs_with_their_defaults
 def test_the_names_the_cli_lists_without_torch_are_the_cores() -> None:
     assert set(CODEC_NAMES) == {"none", "auto", *CODECS}
     assert set(TOPOLOGY_NAMES) == set(TOPOLOGIES)
+    assert SCHEDULE_NAMES == SCHEDULES
+    assert BRIDGE_CODEC_NAMES == AUTO_CODECS
     assert SETTINGS_ATTACKS == ATTACKS
 
 

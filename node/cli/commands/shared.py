@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from node import settings
-from node.settings import ATTACKS, CODEC_NAMES, TOPOLOGY_NAMES
+from node.settings import ATTACKS, BRIDGE_CODEC_NAMES, CODEC_NAMES, TOPOLOGY_NAMES
 from node.telemetry.logs import LOG_FORMATS, LOG_LEVELS
 
 if TYPE_CHECKING:  # the commands import what they need, so that --help need not load torch
@@ -106,7 +106,7 @@ def add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
     p.add_argument(
         "--bridge-compress",
         dest="gossip.bridge_codec",
-        choices=("fp16", "int8", "int4", "sign"),
+        choices=BRIDGE_CODEC_NAMES,
         default=d,
         help=flag_help("gossip.bridge_codec"),
     )
