@@ -173,7 +173,7 @@ class Gossiper:
     ) -> Future[Delta | Mapping[str, Delta] | None]:
         """Queue one gossip round on the worker; callable from any thread.
 
-        The round is q = Q(x - x̂), x̂ += q, then x += γ Σ w (x̂_j - x̂) (gossip/mixing.py's
+        The round is x += γ Σ w (x̂_j - x̂), then q = Q(x - x̂), x̂ += q (gossip/mixing.py's
         :class:`Mixer`); its result is q, or None when there is no neighbour to send it to (a
         new neighbour starts from a snapshot, so skipping costs nothing) or when the trigger
         finds the round not worth its bytes (x - x̂ keeps the change for a later round).

@@ -134,8 +134,11 @@ def test_the_mix_uses_each_links_copy_and_only_links_that_exchanged() -> None:
     assert torch.allclose(x, torch.full((DIM,), 1.0))
     made = mixer.round(x, ready={"b", "c"})
     assert made is not None
-    assert made.weights == {"c": 1 / 3}  # c's copy went from 0 to x = 1 in this round's delta
-    assert torch.allclose(x, torch.full((DIM,), 1.0 + (-6.0 - 1.0) / 3))
+    assert made.weights == {"c": 1 / 3}
+    # The mix comes before this round's delta: it uses x̂_ac = 0, the copy c holds, not the
+    # x = 1 that the delta is about to carry.
+    assert torch.allclose(x, torch.full((DIM,), 1.0 + (-6.0 - 0.0) / 3))
+    assert torch.equal(a.copies["c"].value, x)  # and the delta then carries the mixed x
     assert mixer.round(x, ready=set()) is None  # no link can carry a round
 
 

@@ -13,7 +13,7 @@ import torch
 
 from gossip.clock import ManualClock
 from gossip.codecs import get_codec
-from gossip.mixing import MixConfig, Mixer, send_and_mix
+from gossip.mixing import MixConfig, Mixer, mix_and_send
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
 
@@ -24,7 +24,7 @@ def state(clock: ManualClock, x: torch.Tensor, codec: str = "int8") -> GossipSta
     return GossipState(x, get_codec(codec, 32), clock, torch.Generator().manual_seed(3), session=1)
 
 
-def test_a_plain_round_is_send_and_mix_exactly() -> None:
+def test_a_plain_round_is_mix_and_send_exactly() -> None:
     clock = ManualClock()
     x0 = torch.randn(DIM, generator=torch.Generator().manual_seed(0))
     pulls = {
@@ -42,7 +42,7 @@ def test_a_plain_round_is_send_and_mix_exactly() -> None:
             seq, payload = made.seq, made.payload
             assert made.weights == {p: 1 / 4 for p in pulls}
         else:
-            seq, payload = send_and_mix(s, x, 0.8, frozenset(pulls), 5.0)
+            seq, payload = mix_and_send(s, x, 0.8, frozenset(pulls), 5.0)
         runs.append((seq, payload, x, s.public.clone()))
     (seq1, pay1, x1, pub1), (seq2, pay2, x2, pub2) = runs
     assert (seq1, pay1) == (seq2, pay2)
@@ -181,9 +181,10 @@ def test_the_outer_step_moves_the_local_change_and_leaves_the_mix_alone() -> Non
     made = mixer.round(x)
     assert made is not None
     w = made.weights["a"]
-    public = mixed + 1.0  # x̂ after this round's delta (fp32 sends it exactly)
+    public = mixed  # x̂ as the neighbour holds it: the last round's delta (fp32, exact)
     expected = mixed + 1.33 + w * (torch.ones(DIM) - public)
     assert torch.allclose(x, expected, atol=1e-5)
+    assert mixer.state.public.equal(x)  # and this round's delta then carries all of it
 
 
 def test_dropping_a_neighbour_drops_its_replica_and_its_decisions() -> None:
@@ -202,3 +203,46 @@ def test_config_refuses_what_cannot_mix() -> None:
         MixConfig(attack="bribe")
     with pytest.raises(ValueError, match="gamma"):
         MixConfig(gamma=0.0)
+
+
+@pytest.mark.parametrize("per_link", [False, True])
+def test_the_swarms_mean_moves_by_all_of_its_training(per_link: bool) -> None:
+    """Eight nodes on a ring, each taking a local step of its own before every round, every
+    delta arriving before the next round (as the pacing has it). The mix uses the copies as
+    both ends hold them, so the mean moves by exactly the steps taken. Mixing against the
+    copy this round's delta carries, which the neighbours did not have yet, took back
+    γ Σ_j w_ij = 2/3 of each step: the mean moved at 1 / (1 + 2/3) = 0.6 of the steps."""
+    clock = ManualClock()
+    ids = [f"n{k}" for k in range(8)]
+    gen = torch.Generator().manual_seed(1)
+    xs = {i: torch.randn(DIM, generator=gen) for i in ids}
+    steps = {i: torch.randn(DIM, generator=gen) for i in ids}
+    states = {
+        i: GossipState(xs[i], get_codec("fp32", 32), clock, session=1, per_link=per_link)
+        for i in ids
+    }
+    ring = {i: frozenset({ids[k - 1], ids[(k + 1) % 8]}) for k, i in enumerate(ids)}
+    mixers = {i: Mixer(states[i], MixConfig(1.0, 1e9)) for i in ids}
+    for i in ids:
+        mixers[i].set_neighbours(ring[i])
+    for i in ids:
+        for j in ring[i]:
+            seq, values = states[i].snapshot_for(j, xs[i])
+            states[j].receive_snapshot(i, 1, seq, values, degree=2)
+    mean0 = torch.stack(list(xs.values())).mean(0)
+    rounds = 30
+    for _ in range(rounds):
+        for i in ids:
+            xs[i] += 0.1 * steps[i]
+        made = {i: mixers[i].round(xs[i], ready=ring[i]) for i in ids}
+        for i, r in made.items():
+            assert r is not None
+            for j in ring[i]:
+                seq, payload = r.links[j] if per_link else (r.seq, r.payload)
+                states[j].receive_delta(i, 1, seq, payload, degree=2)
+        clock.advance(0.1)
+    moved = torch.stack(list(xs.values())).mean(0) - mean0
+    trained = rounds * 0.1 * torch.stack(list(steps.values())).mean(0)
+    assert torch.allclose(moved, trained, atol=1e-4), float((moved - trained).abs().max())
+    spread = torch.stack(list(xs.values())).std(0).mean()
+    assert float(spread) < float(torch.stack(list(steps.values())).std(0).mean())  # and it mixes

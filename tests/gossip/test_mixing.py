@@ -8,7 +8,7 @@ from gossip.clock import ManualClock
 from gossip.codecs import get_codec
 from gossip.membership import relink
 from gossip.messages import Member
-from gossip.mixing import RoundPacer, mixing_weights, send_and_mix
+from gossip.mixing import RoundPacer, mix_and_send, mixing_weights
 from gossip.replicas import GossipState
 
 
@@ -31,18 +31,18 @@ def test_weights_use_the_larger_degree_and_leave_out_silent_and_unsynced_neighbo
     }
 
 
-def test_a_round_sends_the_change_and_pulls_toward_the_replicas() -> None:
+def test_a_round_pulls_toward_the_replicas_then_sends_the_change() -> None:
     clock = ManualClock()
-    s = state(clock)
+    s = state(clock, 0.5)  # x̂ = 0.5: what the neighbour holds of us
     s.set_peers(frozenset({"a"}))
     s.receive_snapshot("a", 1, 0, torch.full((8,), 3.0), degree=1)
-    x = torch.full((8,), 1.0)
-    seq, payload = send_and_mix(s, x, gamma=1.0, neighbours=["a"], silence_limit_s=5.0)
+    x = torch.full((8,), 1.0)  # a local step since
+    seq, payload = mix_and_send(s, x, gamma=1.0, neighbours=["a"], silence_limit_s=5.0)
+    # x += 1 * (1/2) * (3 - 0.5): the copies as both ends hold them, not the unsent step
+    assert torch.equal(x, torch.full((8,), 2.25))
     assert seq == 1
-    assert torch.equal(s.public, torch.full((8,), 1.0))  # fp32: x̂ caught up with x exactly
+    assert torch.equal(s.public, x)  # fp32: x̂ caught up with the mixed x exactly
     assert payload.numel == 8
-    # x += 1 * (1/2) * (3 - 1)
-    assert torch.equal(x, torch.full((8,), 2.0))
 
 
 def test_set_peers_forgets_the_replicas_of_those_that_go() -> None:
