@@ -82,11 +82,12 @@ def mix_and_send(
     """One plain round of CHOCO-Gossip (Koloskova et al. 2019, Algorithm 1, made
     asynchronous): mix with the neighbours' replicas, then q = Q(x - x̂), x̂ += q.
 
-    The mix comes first: it uses x̂_i as the neighbours hold it (the last round's delta has
-    arrived before a round begins), so the two ends of a link pull by opposite amounts and
-    the mean moves only by training. Mixing against x̂_i after this round's q, which the
-    neighbours do not have yet, would take back γ Σ_j w_ij of every local step: the mean
-    would move at 1 / (1 + γ Σ_j w_ij) of the training's pace.
+    The mix comes first: it uses x̂_i as the neighbours hold it, as a rule (the pacing holds a
+    round back while a link carries deltas; the daemon's window lets one still be in flight),
+    so the two ends of a link pull by opposite amounts and the mean moves only by training.
+    Mixing against x̂_i after this round's q, which the neighbours do not have yet, would take
+    back γ Σ_j w_ij of every local step: the mean would move at 1 / (1 + γ Σ_j w_ij) of the
+    training's pace.
 
     Args:
         lock: held while ``x`` is read and while it is written, not while compressing (the
@@ -415,17 +416,17 @@ class Mixer:
         it, then a delta on each link the round goes to, q_j = Q(x - x̂_ij), x̂_ij += q_j.
 
         The mix comes first so that each link's pull, x̂_ji - x̂_ij, is the difference of the
-        two copies as both ends hold them: a ready link carries no delta, so x̂_ij is what the
-        neighbour has. The pulls of the two ends of a link are then opposite and the swarm's
-        mean moves only by training. Mixing against this round's copy instead (ahead of the
-        neighbour's by the delta in flight) would take back a share of every local step: the
-        mean would move at 1 / (1 + γ Σ_j w_ij) of the training's pace (measured on the text
-        task: 9% higher loss at γ = 1). A link mixes each new replica once, at the first round
-        after it arrived. A schedule's round (one-peer, epidemic) is the exception, below: it
-        sends first. A link that did not send keeps its
-        unsent change in x - x̂_ij for its next delta (a slow link carries many rounds' change
-        in one message, and does not hold up the others). None when no link is ready, or when
-        the trigger finds the round not worth its bytes."""
+        two copies as both ends hold them: a ready link carries no delta (or, in the daemon's
+        window, one), so x̂_ij is what the neighbour has. The pulls of the two ends of a link
+        are then opposite and the swarm's mean moves only by training. Mixing against this
+        round's copy instead (ahead of the neighbour's by the delta in flight) would take back
+        a share of every local step: the mean would move at 1 / (1 + γ Σ_j w_ij) of the
+        training's pace (measured on the text task: 9% higher loss at γ = 1). A link mixes
+        each new replica once, at the first round after it arrived. A schedule's round
+        (one-peer, epidemic) is the exception, below: it sends first. A link that did not send
+        keeps its unsent change in x - x̂_ij for its next delta (a slow link carries many
+        rounds' change in one message, and does not hold up the others). None when no link is
+        ready, or when the trigger finds the round not worth its bytes."""
         cfg, state = self.cfg, self.state
         neighbours = self.neighbours
         linked = frozenset(p for p in ready if p in state.copies)
@@ -471,14 +472,14 @@ class Mixer:
             steps = {p: w * self._pair_gamma(p, cfg.link_gamma) for p, w in weights.items()}
         with guard:
             mix(state, x, cfg.gamma, steps, self.outer)
-            if not fresh:
-                current = x.clone()
+            after = x.clone()
         if not fresh:
+            current = after
             links = self._send(ready, current)
         state.note_model(current)
         self.schedule.made(scheduled, links)
         if self.trigger is not None:
-            self.trigger.made(current, state.clock.now(), reason)
+            self.trigger.made(after, state.clock.now(), reason)
         first = min(links)
         return Round(
             links[first][0],
