@@ -1,12 +1,12 @@
 """The decisions of a gossip round that the daemon and the simulator share.
 
-Which neighbours take part in a round's mix and with what weight, the round itself (send, then
-mix: plain, Byzantine-robust or as an attacker, with DiLoCo's outer step or without), and when a
-node makes a round at all. The daemon (``node/daemon/gossiper.py``, ``node/daemon/rounds.py``) runs
-these on its threads and event loop; the simulator (``node/sim``) on simulated time. A
-:class:`Mixer` is one node's rounds; it keeps what the rounds decide (who is out of the mix for
-silence, who is evicted for anomalous deltas), and only a round changes it: reading it (a status)
-never does.
+Which neighbours take part in a round's mix and with what weight, and the round itself (mix,
+then send: plain, Byzantine-robust or as an attacker, with DiLoCo's outer step or without; a
+scheduled round sends first). When a node makes a round at all is gossip/pacing.py's. The
+daemon (``node/daemon/gossiper.py``, ``node/daemon/rounds.py``) runs these on its threads and
+event loop; the simulator (``node/sim``) on simulated time. A :class:`Mixer` is one node's
+rounds; it keeps what the rounds decide (who is out of the mix for silence, who is evicted for
+anomalous deltas), and only a round changes it: reading it (a status) never does.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from gossip.robust import ATTACKS, NeighbourScores, attack_target, clipped_conse
 from gossip.schedules import LinkPlan, LinkSchedule, ScheduleConfig
 from gossip.trigger import RoundTrigger, TriggerConfig
 
-__all__ = ["MixConfig", "Mixer", "Round", "RoundPacer", "mix", "mix_and_send", "mixing_weights"]
+__all__ = ["MixConfig", "Mixer", "Round", "mix", "mix_and_send", "mixing_weights"]
 
 NodeId = str
 
@@ -107,59 +107,6 @@ def mix_and_send(
         current = x.clone()
     seq, payload = state.make_delta(current)
     return seq, payload
-
-
-@dataclass
-class RoundPacer:
-    """When a node makes a gossip round: at least ``local_steps`` training steps after the last
-    one, never while one is being made, and only while no healthy link is busy.
-
-    Rounds are paced by the network: skipping one loses nothing (x - x̂ keeps what was not
-    sent), whereas queueing rounds that the network cannot carry would only make every
-    neighbour's replica staler. So the local steps between two rounds adapt by themselves: a
-    node whose steps are fast next to its links takes many, a slow one takes ``local_steps``.
-    ``max_local_steps`` bounds them: once that many steps passed since the last round began,
-    the node is :meth:`held` (its trainer waits) until the next round can begin, so that a fast
-    device on a slow link does not drift arbitrarily far from its neighbours between rounds
-    (local SGD's error grows with the steps between averagings). None: no bound.
-    Not thread-safe: the daemon holds a lock around it.
-    """
-
-    local_steps: int
-    max_local_steps: int | None = None
-    last_round_step: int = 0
-    making: bool = False
-    links_idle: bool = True
-
-    def __post_init__(self) -> None:
-        if self.local_steps < 1:
-            raise ValueError(f"local_steps must be at least 1, got {self.local_steps}")
-        if self.max_local_steps is not None and self.max_local_steps < self.local_steps:
-            raise ValueError(
-                f"max_local_steps ({self.max_local_steps}) must be at least local_steps "
-                f"({self.local_steps})"
-            )
-
-    def due(self, step: int) -> bool:
-        """Whether enough steps passed since the last round for another."""
-        return step - self.last_round_step >= self.local_steps
-
-    def held(self, step: int) -> bool:
-        """Whether the trainer must wait at ``step`` until a round begins: the bound is
-        reached. A round being made or a busy link is what keeps it waiting."""
-        bound = self.max_local_steps
-        return bound is not None and step - self.last_round_step >= bound
-
-    def begin(self, step: int) -> bool:
-        """Start a round at ``step`` unless one is being made or a link is busy."""
-        if self.making or not self.links_idle:
-            return False
-        self.making = True
-        self.last_round_step = step
-        return True
-
-    def end(self) -> None:
-        self.making = False
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ With ``max_local_steps`` set, a trainer that reaches that many steps since the l
 is held (it waits, taking no steps) until the links can take the next round, so that a fast
 device on a slow link does not wander arbitrarily far from its neighbours between averagings.
 
-The pacing (gossip/mixing.py :class:`RoundPacer`) is shared by the trainer thread, which asks
+The pacing (gossip/pacing.py :class:`RoundPacer`) is shared by the trainer thread, which asks
 after each step, and the event loop, which learns when links go busy or idle; hence the lock.
 """
 
@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Protocol
 
 from gossip.messages import Delta
-from gossip.mixing import RoundPacer
+from gossip.pacing import RoundPacer
 from node.daemon.signals import Signals
 from node.runtime import Runtime
 from node.telemetry.events import Counters

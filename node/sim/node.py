@@ -25,8 +25,9 @@ from gossip.codecs import AutoCodec
 from gossip.link import LinkConfig, round_pace
 from gossip.membership import MemberView
 from gossip.messages import PROTOCOL_VERSION, Delta, Member, SnapshotHeader
-from gossip.mixing import MixConfig, Mixer, RoundPacer
+from gossip.mixing import MixConfig, Mixer
 from gossip.outer import OuterNesterov
+from gossip.pacing import RoundPacer
 from gossip.refusals import Reason
 from gossip.relays import choose_relays
 from gossip.replicas import GossipState, UpdateGuard

@@ -8,7 +8,8 @@ from gossip.clock import ManualClock
 from gossip.codecs import get_codec
 from gossip.membership import relink
 from gossip.messages import Member
-from gossip.mixing import RoundPacer, mix_and_send, mixing_weights
+from gossip.mixing import mix_and_send, mixing_weights
+from gossip.pacing import RoundPacer
 from gossip.replicas import GossipState
 
 

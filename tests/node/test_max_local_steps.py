@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gossip.messages import Delta
-from gossip.mixing import RoundPacer
+from gossip.pacing import RoundPacer
 from node.cli.swarm import SwarmConfig, node_argv
 from node.config import GossipConfig
 from node.daemon.node import Node
