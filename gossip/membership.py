@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from gossip.messages import Member
 from gossip.swim import Swim
-from gossip.topology import Graph, build, reachable_graph
+from gossip.topology import Graph, live_graph, neighbours_of, reachable_graph
 
 __all__ = ["MemberView", "relink"]
 
@@ -43,9 +43,11 @@ class MemberView:
         return tuple(Member(r.node_id, r.address) for r in self.swim.live_members())
 
     def graph(self, kind: str, *, degree: int = 4, seed: int = 0) -> Graph:
-        records = [r for r in self.swim.live_members() if not r.paused]
+        """The graph ``kind`` over the live members, the paused out of it, as this view has it."""
+        records = self.swim.live_members()
         regions = {r.node_id: r.region for r in records}
-        graph = build(kind, regions, degree=degree, seed=seed, regions=regions)
+        paused = (r.node_id for r in records if r.paused)
+        graph = live_graph(kind, regions, paused, degree=degree, seed=seed, regions=regions)
         return reachable_graph(graph, frozenset(r.node_id for r in records if not r.reachable))
 
     @property
@@ -78,16 +80,24 @@ class MemberView:
         views differ.
         """
         # One snapshot of the view. A paused member is in no one's graph, its own included:
-        # its neighbours' weights renormalise over the others, and it has none.
-        records = [r for r in self.swim.live_members() if not r.paused]
+        # its neighbours' weights renormalise over the others, and it has none. On the ring
+        # and the exponential graph it keeps its place, so that its pause moves only the
+        # edges at it (gossip/topology.py ``paused_out``).
         if self.swim.paused:
             return {}
-        members = {r.node_id: Member(r.node_id, r.address) for r in records}
-        regions = {r.node_id: r.region for r in records}
-        graph = build(kind, members, degree=degree, seed=seed, regions=regions)
-        # Only edges with one end others can dial: the other end opens the connection.
-        graph = reachable_graph(graph, frozenset(r.node_id for r in records if not r.reachable))
-        return {j: members[j] for j in sorted(graph.neighbours(self.swim.node_id))}
+        records = self.swim.live_members()
+        by_id = {r.node_id: r for r in records}
+        paused = frozenset(r.node_id for r in records if r.paused)
+        regions = {r.node_id: r.region for r in records} if kind == "regional" else None
+        me = self.swim.node_id
+        unreachable = frozenset(r.node_id for r in records if not r.reachable) - paused
+        if unreachable:
+            graph = live_graph(kind, by_id, paused, degree=degree, seed=seed, regions=regions)
+            # Only edges with one end others can dial: the other end opens the connection.
+            mine = reachable_graph(graph, unreachable).neighbours(me)
+        else:
+            mine = neighbours_of(kind, by_id, me, paused, degree=degree, seed=seed, regions=regions)
+        return {j: Member(j, by_id[j].address) for j in sorted(mine)}
 
 
 def relink(
