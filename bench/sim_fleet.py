@@ -2,13 +2,13 @@
 paused at any moment (battery, heat, off AC), against the same swarm with neither (issue 17).
 
     python -m bench.sim_fleet [--nodes 256] [--duration 60] [--budgeted 0.2]
-        [--budget 200kB/min] [--paused 0.3] [--pause-mean 20]
+        [--budget 200kB/min] [--paused 0.3] [--pause-mean 20] [--step-time 0.02]
 
 The swarm is ``murmur simulate``'s default (logistic, non-iid shards with alpha 0.5, int8, the
 exponential graph, event-triggered rounds), one child process per run. Measured in each run:
 when the averaged model and the worst node that is not paused reach the target, the final
 accuracies, and what a node sends per day (the run's rate, times a day) for the budgeted
-nodes and for the others.
+nodes and for the others. The two runs go in two child processes at once.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -35,7 +36,13 @@ HEADER = (
 
 
 def fleet_config(
-    nodes: int, duration_s: float, budgeted: float, budget: str | None, paused: float, mean_s: float
+    nodes: int,
+    duration_s: float,
+    budgeted: float,
+    budget: str | None,
+    paused: float,
+    mean_s: float,
+    step_s: float = 0.02,
 ) -> SimConfig:
     spec = parse_budget(budget) if budget else None
     assert spec is None or isinstance(spec, tuple)
@@ -47,6 +54,7 @@ def fleet_config(
         budgeted_fraction=budgeted if spec is not None else 1.0,
         paused_fraction=paused,
         pause_mean_s=mean_s,
+        step_time_s=step_s,
     )
 
 
@@ -97,6 +105,7 @@ def main() -> None:
     p.add_argument("--budget", default="200kB/min", help="their byte budget")
     p.add_argument("--paused", type=float, default=0.3, help="share paused at any moment")
     p.add_argument("--pause-mean", type=float, default=20.0, help="mean pause, seconds")
+    p.add_argument("--step-time", type=float, default=0.02, help="a device's step, seconds")
     p.add_argument("--one", help=argparse.SUPPRESS)  # a child's run: the config as JSON
     args = p.parse_args()
     if args.one:
@@ -105,11 +114,16 @@ def main() -> None:
         return
     print(HEADER, flush=True)
     plain = {"nodes": args.nodes, "duration_s": args.duration, "budgeted": 1.0, "budget": None}
-    plain |= {"paused": 0.0, "mean_s": args.pause_mean}
+    plain |= {"paused": 0.0, "mean_s": args.pause_mean, "step_s": args.step_time}
     fleet = plain | {"budgeted": args.budgeted, "budget": args.budget, "paused": args.paused}
-    for name, given in (("neither", plain), ("fleet", fleet)):
-        r = run_child("bench.sim_fleet", [json.dumps(given)])
-        print(row(name, args.nodes, r), flush=True)
+    runs = {"neither": plain, "fleet": fleet}
+    with ThreadPoolExecutor(len(runs)) as pool:
+        done = {
+            k: pool.submit(run_child, "bench.sim_fleet", [json.dumps(v)], 4 * 3600)
+            for k, v in runs.items()
+        }
+        for name, future in done.items():
+            print(row(name, args.nodes, future.result()), flush=True)
 
 
 if __name__ == "__main__":
