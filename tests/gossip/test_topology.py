@@ -214,7 +214,10 @@ def test_a_pause_moves_only_the_edges_at_the_paused_member(kind: str) -> None:
     shifted = build(kind, set(members) - paused), build(kind, set(members) - paused - {one})
     moved = {frozenset((i, j)) for i in shifted[0].nodes for j in shifted[0].neighbours(i)}
     moved ^= {frozenset((i, j)) for i in shifted[1].nodes for j in shifted[1].neighbours(i)}
-    assert len(moved) > 10 * (len(at_it) + 1) if kind == "exponential" else len(moved) == 3
+    if kind == "exponential":
+        assert len(moved) > 10 * (len(at_it) + 1)
+    else:  # on a plain ring the two are the same: two edges go, one closes the gap
+        assert len(moved) == 3
 
 
 def test_a_node_outside_the_ids_or_paused_has_no_neighbours_to_ask_for() -> None:
