@@ -98,12 +98,12 @@ def exponential(ids: Iterable[NodeId]) -> Graph:
     makes the graph symmetric (degree about 2 log2 n) so that Metropolis–Hastings weights apply.
     """
     order = _ring_order(ids)
-    offsets = []
-    off = 1
-    while off < len(order):
-        offsets.append(off)
-        off *= 2
-    return _from_offsets(order, offsets)
+    return _from_offsets(order, _powers_below(len(order)))
+
+
+def _powers_below(n: int) -> list[int]:
+    """The exponential graph's offsets on a ring of ``n``: every 2^k < n."""
+    return [1 << k for k in range((n - 1).bit_length())] if n > 1 else []
 
 
 def random_regular(ids: Iterable[NodeId], k: int, seed: int = 0) -> Graph:
@@ -287,14 +287,11 @@ def paused_out(graph: Graph, paused: frozenset[NodeId]) -> Graph:
         return graph
     active = tuple(i for i in graph.nodes if i not in paused)
     adj = {i: {j for j in graph.adj[i] if j not in paused} for i in active}
-    if len(active) > 2:
+    if len(active) > 1:
         for pos, i in enumerate(active):
             j = active[(pos + 1) % len(active)]
             adj[i].add(j)
             adj[j].add(i)
-    elif len(active) == 2:
-        adj[active[0]].add(active[1])
-        adj[active[1]].add(active[0])
     return Graph(active, {i: frozenset(js) for i, js in adj.items()})
 
 
@@ -328,17 +325,15 @@ def neighbours_of(
     pos = bisect.bisect_left(order, node)
     if pos == n or order[pos] != node:
         raise KeyError(node)
-    offsets = [1] if kind == "ring" else [1 << k for k in range((n - 1).bit_length())]
+    offsets = [1] if kind == "ring" else _powers_below(n)
     found = {order[(pos + sign * off) % n] for off in offsets for sign in (1, -1)}
     if held and kind in _KEEP_PLACES:
         found -= held
-        active = n - len(held & frozenset(order))
-        if active > 1:  # the next member not paused on either side closes the gap
-            for step in (1, -1):
-                at = (pos + step) % n
-                while order[at] in held:
-                    at = (at + step) % n
-                found.add(order[at])
+        for step in (1, -1):  # the next member not paused on either side closes the gap
+            at = (pos + step) % n
+            while order[at] in held:  # ends at the latest at ``node``, which is not paused
+                at = (at + step) % n
+            found.add(order[at])
     found.discard(node)
     return frozenset(found)
 
