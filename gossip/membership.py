@@ -6,7 +6,8 @@ from collections.abc import Mapping
 
 from gossip.messages import Member
 from gossip.swim import Swim
-from gossip.topology import Graph, live_graph, neighbours_of, reachable_graph
+from gossip.topology import Graph, reachable_graph
+from gossip.view_graph import live_graph, neighbours_of
 
 __all__ = ["MemberView", "relink"]
 
@@ -82,7 +83,7 @@ class MemberView:
         # One snapshot of the view. A paused member is in no one's graph, its own included:
         # its neighbours' weights renormalise over the others, and it has none. On the ring
         # and the exponential graph it keeps its place, so that its pause moves only the
-        # edges at it (gossip/topology.py ``paused_out``).
+        # edges at it (gossip/view_graph.py ``paused_out``).
         if self.swim.paused:
             return {}
         records = self.swim.live_members()

@@ -7,7 +7,6 @@ graphs here are undirected: ``j in g.neighbours(i)`` iff ``i in g.neighbours(j)`
 
 from __future__ import annotations
 
-import bisect
 import functools
 import hashlib
 import random
@@ -25,15 +24,14 @@ __all__ = [
     "build",
     "crosses",
     "exponential",
-    "live_graph",
     "metropolis_hastings",
     "mixing_matrix",
-    "neighbours_of",
-    "paused_out",
+    "powers_below",
     "random_regular",
     "reachable_graph",
     "regional",
     "ring",
+    "ring_order",
     "spectral_gap",
 ]
 
@@ -68,7 +66,7 @@ class Graph:
         return len(seen) == len(self.nodes)
 
 
-def _ring_order(ids: Iterable[NodeId]) -> tuple[NodeId, ...]:
+def ring_order(ids: Iterable[NodeId]) -> tuple[NodeId, ...]:
     order = tuple(sorted(set(ids)))
     if not order:
         raise ValueError("a graph needs at least one node")
@@ -88,7 +86,7 @@ def _from_offsets(order: tuple[NodeId, ...], offsets: Iterable[int]) -> Graph:
 
 def ring(ids: Iterable[NodeId]) -> Graph:
     """Each node linked to its predecessor and successor on the ring (degree 2)."""
-    return _from_offsets(_ring_order(ids), [1])
+    return _from_offsets(ring_order(ids), [1])
 
 
 def exponential(ids: Iterable[NodeId]) -> Graph:
@@ -97,11 +95,11 @@ def exponential(ids: Iterable[NodeId]) -> Graph:
     The directed version is the one of Assran et al. (SGP, 2019) and BlueFog; linking both ways
     makes the graph symmetric (degree about 2 log2 n) so that Metropolis–Hastings weights apply.
     """
-    order = _ring_order(ids)
-    return _from_offsets(order, _powers_below(len(order)))
+    order = ring_order(ids)
+    return _from_offsets(order, powers_below(len(order)))
 
 
-def _powers_below(n: int) -> list[int]:
+def powers_below(n: int) -> list[int]:
     """The exponential graph's offsets on a ring of ``n``: every 2^k < n."""
     return [1 << k for k in range((n - 1).bit_length())] if n > 1 else []
 
@@ -125,7 +123,7 @@ def random_regular(ids: Iterable[NodeId], k: int, seed: int = 0) -> Graph:
     Raises:
         ValueError: no connected k-regular graph on these ids exists.
     """
-    order = _ring_order(ids)
+    order = ring_order(ids)
     n = len(order)
     if k >= n or k < 0 or (n * k) % 2:
         raise ValueError(f"no {k}-regular graph on {n} nodes (need 0 <= k < n and n*k even)")
@@ -219,11 +217,6 @@ def _circulant(order: tuple[NodeId, ...], k: int) -> Graph:
 #: The last two are time-varying schedules (gossip/schedules.py) over the exponential graph's
 #: links: each round goes to some of them.
 TOPOLOGIES = ("ring", "exponential", "random-regular", "regional", *SCHEDULES)
-#: The graphs made of offsets on the ring, whose edges at a node follow from the ring alone.
-_OFFSET_KINDS = frozenset(("ring", "exponential", *SCHEDULES))
-#: The graphs on which a paused member keeps its place (:func:`paused_out`). The schedules
-#: keep the offsets on the ring of those not paused, since their link classes are the offsets.
-_KEEP_PLACES = frozenset(("ring", "exponential"))
 
 
 def build(
@@ -245,97 +238,9 @@ def build(
     ``""``, is in the region of those without one) and ``degree`` is the number of bridges
     between each two regions (:func:`regional`); with one region it is the exponential graph.
     """
-    order = _ring_order(ids)
+    order = ring_order(ids)
     named = tuple((i, regions.get(i, "")) for i in order) if kind == "regional" and regions else ()
     return _build(kind, order, degree, seed, named)
-
-
-def live_graph(
-    kind: str,
-    live: Iterable[NodeId],
-    paused: Iterable[NodeId] = (),
-    *,
-    degree: int = 4,
-    seed: int = 0,
-    regions: Mapping[NodeId, str] | None = None,
-) -> Graph:
-    """The graph ``kind`` over the ``live`` members, with the ``paused`` ones out of it.
-
-    On the ring and the exponential graph a paused member keeps its place
-    (:func:`paused_out`), so a pause or a resume moves only the edges at that member. Every
-    other kind is built over the members not paused.
-    """
-    held = frozenset(paused)
-    if kind in _KEEP_PLACES:
-        return paused_out(build(kind, live, degree=degree, seed=seed, regions=regions), held)
-    active = [i for i in live if i not in held]
-    return build(kind, active, degree=degree, seed=seed, regions=regions)
-
-
-def paused_out(graph: Graph, paused: frozenset[NodeId]) -> Graph:
-    """``graph`` without the ``paused`` members, the gaps they leave on the ring closed.
-
-    Their edges are dropped, and each member not paused also links to the next member not
-    paused on either side of the ring, so the graph stays connected (the ring's edges are
-    all in it) and a member that pauses or resumes changes only its own edges and the one
-    across its gap. Building the graph over the members not paused instead shifts every
-    member's place on the ring at each pause, and with it a share of everyone's links: one
-    pause in a swarm of 1,024 on the exponential graph moved 1,542 of its 9,728 edges and
-    touched every member, each new link opening with a snapshot.
-    """
-    if not paused:
-        return graph
-    active = tuple(i for i in graph.nodes if i not in paused)
-    adj = {i: {j for j in graph.adj[i] if j not in paused} for i in active}
-    if len(active) > 1:
-        for pos, i in enumerate(active):
-            j = active[(pos + 1) % len(active)]
-            adj[i].add(j)
-            adj[j].add(i)
-    return Graph(active, {i: frozenset(js) for i, js in adj.items()})
-
-
-def neighbours_of(
-    kind: str,
-    live: Iterable[NodeId],
-    node: NodeId,
-    paused: Iterable[NodeId] = (),
-    *,
-    degree: int = 4,
-    seed: int = 0,
-    regions: Mapping[NodeId, str] | None = None,
-) -> frozenset[NodeId]:
-    """``live_graph(kind, live, paused, ...).neighbours(node)``, without the whole graph where
-    it is not needed: on the ring, the exponential graph and the schedules over it, a node's
-    neighbours are the ids ``2^k`` places before and after it on the ring, found in the ring
-    order alone. Each member asks on every change to its view, and a view of a thousand
-    members changes every few milliseconds while members pause and come back, so building
-    the graph of all of them each time is what a large swarm could not afford (the graph
-    cache cannot help: views that differ by one member are different graphs).
-    """
-    held = frozenset(paused)
-    if kind not in _OFFSET_KINDS:
-        return live_graph(kind, live, held, degree=degree, seed=seed, regions=regions).neighbours(
-            node
-        )
-    if node in held:
-        raise KeyError(node)
-    order = _ring_order(live if kind in _KEEP_PLACES else (i for i in live if i not in held))
-    n = len(order)
-    pos = bisect.bisect_left(order, node)
-    if pos == n or order[pos] != node:
-        raise KeyError(node)
-    offsets = [1] if kind == "ring" else _powers_below(n)
-    found = {order[(pos + sign * off) % n] for off in offsets for sign in (1, -1)}
-    if held and kind in _KEEP_PLACES:
-        found -= held
-        for step in (1, -1):  # the next member not paused on either side closes the gap
-            at = (pos + step) % n
-            while order[at] in held:  # ends at the latest at ``node``, which is not paused
-                at = (at + step) % n
-            found.add(order[at])
-    found.discard(node)
-    return frozenset(found)
 
 
 @functools.lru_cache(maxsize=64)
@@ -376,7 +281,7 @@ def regional(region_of: Mapping[NodeId, str], bridges: int = 2) -> Graph:
     """
     if bridges < 1:
         raise ValueError(f"bridges is {bridges}: expected at least 1")
-    order = _ring_order(region_of)
+    order = ring_order(region_of)
     members: dict[str, list[NodeId]] = {}
     for node in order:
         members.setdefault(region_of[node], []).append(node)
