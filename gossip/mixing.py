@@ -1,8 +1,8 @@
 """The decisions of a gossip round that the daemon and the simulator share.
 
-Which neighbours take part in a round's mix and with what weight, and the round itself (mix,
-then send: plain, Byzantine-robust or as an attacker, with DiLoCo's outer step or without; a
-scheduled round sends first). When a node makes a round at all is gossip/pacing.py's. The
+A node's round (mix, then send: plain, Byzantine-robust or as an attacker, with DiLoCo's outer
+step or without; a scheduled round sends first), over gossip/choco.py's weights and mix. When
+a node makes a round at all is gossip/pacing.py's. The
 daemon (``node/daemon/gossiper.py``, ``node/daemon/rounds.py``) runs these on its threads and
 event loop; the simulator (``node/sim``) on simulated time. A :class:`Mixer` is one node's
 rounds; it keeps what the rounds decide (who is out of the mix for silence, who is evicted for
@@ -12,12 +12,13 @@ anomalous deltas), and only a round changes it: reading it (a status) never does
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from gossip.budget import ByteBudget
+from gossip.choco import mix, mixing_weights
 from gossip.codecs import Codec, Encoded
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
@@ -25,88 +26,9 @@ from gossip.robust import ATTACKS, NeighbourScores, attack_target, clipped_conse
 from gossip.schedules import LinkPlan, LinkSchedule, ScheduleConfig
 from gossip.trigger import RoundTrigger, TriggerConfig
 
-__all__ = ["MixConfig", "Mixer", "Round", "mix", "mix_and_send", "mixing_weights"]
+__all__ = ["MixConfig", "Mixer", "Round"]
 
 NodeId = str
-
-
-def mixing_weights(
-    state: GossipState, neighbours: Iterable[NodeId], degree: int, silence_limit_s: float
-) -> dict[NodeId, float]:
-    """Neighbours that take part in this round, with Metropolis–Hastings weights.
-
-    A neighbour takes part once it has sent us its public copy (so it counts us as its
-    neighbour too) and while it is heard from: one silent for longer than ``silence_limit_s``
-    leaves the mix (its weight stays with x_i) until it speaks again. Its weight
-    1 / (1 + max(d_i, d_j)) uses the degree it last told us, so both ends of the edge weigh it
-    the same even while their member views differ, and each row still sums to at most one.
-
-    Args:
-        degree: this node's number of neighbours, d_i.
-    """
-    mix = {}
-    for peer in neighbours:
-        replica = state.replicas.get(peer)
-        silent = state.silent_for(peer)
-        if replica is not None and silent is not None and silent <= silence_limit_s:
-            mix[peer] = 1.0 / (1 + max(degree, replica.degree))
-    return mix
-
-
-def mix(
-    state: GossipState,
-    x: torch.Tensor,
-    gamma: float,
-    weights: Mapping[NodeId, float],
-    outer: OuterNesterov | None = None,
-) -> None:
-    """The outer step on the local steps' change if there is one, then x += γ Σ_j w_ij (x̂_j -
-    x̂_i); in place."""
-    if outer is not None:
-        outer.step(x)
-    state.consensus_step(x, gamma, weights)
-    if outer is not None:
-        outer.rebase(x)
-
-
-def mix_and_send(
-    state: GossipState,
-    x: torch.Tensor,
-    gamma: float,
-    neighbours: Iterable[NodeId],
-    silence_limit_s: float,
-    outer: OuterNesterov | None = None,
-    lock: contextlib.AbstractContextManager[object] | None = None,
-    on_weights: Callable[[Mapping[NodeId, float]], None] | None = None,
-) -> tuple[int, Encoded]:
-    """One plain round of CHOCO-Gossip (Koloskova et al. 2019, Algorithm 1, made
-    asynchronous): mix with the neighbours' replicas, then q = Q(x - x̂), x̂ += q.
-
-    The mix comes first: it uses x̂_i as the neighbours hold it, as a rule (the pacing holds a
-    round back while a link carries deltas; the daemon's window lets one still be in flight),
-    so the two ends of a link pull by opposite amounts and the mean moves only by training.
-    Mixing against x̂_i after this round's q, which the neighbours do not have yet, would take
-    back γ Σ_j w_ij of every local step: the mean would move at 1 / (1 + γ Σ_j w_ij) of the
-    training's pace.
-
-    Args:
-        lock: held while ``x`` is read and while it is written, not while compressing (the
-            daemon's trainer steps on another thread in between).
-        on_weights: told the round's weights (the daemon logs who left the mix for silence).
-
-    Returns:
-        The round's sequence number and q, which goes to every neighbour.
-    """
-    guard = lock if lock is not None else contextlib.nullcontext()
-    neighbours = frozenset(neighbours)
-    weights = mixing_weights(state, neighbours, len(neighbours), silence_limit_s)
-    if on_weights is not None:
-        on_weights(weights)
-    with guard:
-        mix(state, x, gamma, weights, outer)
-        current = x.clone()
-    seq, payload = state.make_delta(current)
-    return seq, payload
 
 
 @dataclass(frozen=True)
@@ -282,7 +204,8 @@ class Mixer:
     ) -> Round | None:
         """One round: the mix into ``x``, then q = Q(target - x̂), x̂ += q (CHOCO-Gossip,
         Koloskova et al. 2019, Algorithm 1, made asynchronous, mixing first as
-        :func:`mix_and_send` says why; ClippedGossip's mix with ``robust``, He et al. 2022;
+        :func:`gossip.choco.mix_and_send` says why; ClippedGossip's mix with ``robust``, He et
+        al. 2022;
         DiLoCo's outer step before it, on the local steps' change, Douillard et al. 2023). The
         target is ``x``, or for an attacker what it publishes instead. None without neighbours
         (a new neighbour starts from a snapshot, so skipping costs nothing), and None when the

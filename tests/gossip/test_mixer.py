@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gossip.choco import mix_and_send
 from gossip.clock import ManualClock
 from gossip.codecs import get_codec
-from gossip.mixing import MixConfig, Mixer, mix_and_send
+from gossip.mixing import MixConfig, Mixer
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from gossip.choco import mix_and_send, mixing_weights
 from gossip.clock import ManualClock
 from gossip.codecs import get_codec
 from gossip.membership import relink
 from gossip.messages import Member
-from gossip.mixing import mix_and_send, mixing_weights
 from gossip.pacing import RoundPacer
 from gossip.replicas import GossipState
 
