@@ -12,7 +12,6 @@ the rules by which a record from elsewhere changes it.
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections import Counter
@@ -20,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from gossip.clock import Clock
+from gossip.dissemination import UpdateQueue
 from gossip.lifeguard import RelayerRate, suspicion_timeout_s
 from gossip.swim_config import SwimConfig
 from gossip.swim_messages import ACCUSATIONS, MemberRecord, Status, supersedes
@@ -64,7 +64,7 @@ class MemberTable:
         # is in the order members left the view, oldest first.
         self._suspects: dict[NodeId, None] = {}
         self._gone: dict[NodeId, None] = {}
-        self._dissemination: dict[NodeId, tuple[MemberRecord, int]] = {}
+        self._dissemination = UpdateQueue(self.cfg.max_pending)
         self._changes: list[MemberRecord] = []
         #: The round-robin probe order; a member back in the view is put in it at once.
         self._order: list[NodeId] = []
@@ -104,7 +104,7 @@ class MemberTable:
 
     def pending_updates(self) -> list[MemberRecord]:
         """Updates still waiting to be piggybacked (for tests and figures)."""
-        return [record for record, _ in self._dissemination.values()]
+        return list(self._dissemination)
 
     def clear_updates(self) -> None:
         """Drop every update still waiting to be piggybacked: for a member that starts in a
@@ -253,17 +253,13 @@ class MemberTable:
         del self._members[node_id]
         self._gone.pop(node_id, None)
         self._suspects.pop(node_id, None)
-        self._dissemination.pop(node_id, None)
+        self._dissemination.discard(node_id)
 
     def _gossip(self, record: MemberRecord) -> None:
         n = len(self._members) + 1
-        # Re-inserted at the end: among updates sent equally often, the older goes first.
-        self._dissemination.pop(record.node_id, None)
-        if len(self._dissemination) >= self.cfg.max_pending:
-            most_sent = min(self._dissemination, key=lambda i: self._dissemination[i][1])
-            del self._dissemination[most_sent]
+        # Queued again at the back: among updates sent equally often, the older goes first.
+        if not self._dissemination.push(record, self.cfg.retransmit_limit(n)):
             self.refused["update queue full"] += 1
-        self._dissemination[record.node_id] = (record, self.cfg.retransmit_limit(n))
 
     def _piggyback(self, to: NodeId = "") -> tuple[MemberRecord, ...]:
         """Our own record, then the least-sent updates; each use counts against its budget.
@@ -272,21 +268,13 @@ class MemberTable:
         refute at once (the "buddy system" of Lifeguard, Dadgar et al. 2018, §4.3; for the
         dead, that is how a partition heals).
         """
-        chosen = heapq.nlargest(
-            self.cfg.max_piggyback, self._dissemination.items(), key=lambda kv: kv[1][1]
-        )
+        chosen = self._dissemination.take(self.cfg.max_piggyback)
         out = [self.me]
         entry = self._members.get(to)
         told = entry is not None and entry.record.status in ACCUSATIONS
         if entry is not None and told:
             out.append(entry.record)
-        for node_id, (record, left) in chosen:
-            if not (told and node_id == to):
-                out.append(record)
-            if left <= 1:
-                del self._dissemination[node_id]
-            else:
-                self._dissemination[node_id] = (record, left - 1)
+        out += [record for record in chosen if not (told and record.node_id == to)]
         return tuple(out)
 
     def expel(self, node_id: NodeId) -> None:
