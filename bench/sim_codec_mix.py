@@ -25,7 +25,7 @@ from collections import Counter
 
 import torch
 
-from gossip.codec_choice import LinkMeasure, choose_codec, round_time_s
+from gossip.codec_choice import ROUNDS_TO_CONSENSUS, LinkMeasure, choose_codec, round_time_s
 from gossip.codecs import get_codec
 from gossip.pairwise import Edge, PairwiseSwarm
 from gossip.topology import exponential
@@ -89,7 +89,11 @@ def main() -> None:
     print(f"{args.nodes} nodes, {len(edges)} links: {dict(Counter(kind_of.values()))}\n")
     print("| codec | seconds to consensus | MB/node by then | codecs chosen | wall s |")
     print("|---|---:|---:|---|---:|")
-    auto = {e: choose_codec(args.numel, KINDS[kind_of[e]]) for e in edges}
+    # Pure gossip from far apart: the rounds to consensus, and bytes as free as rounds.
+    auto = {
+        e: choose_codec(args.numel, KINDS[kind_of[e]], rounds=ROUNDS_TO_CONSENSUS, frugal=1.0)
+        for e in edges
+    }
     plans = [(c, dict.fromkeys(edges, c)) for c in ("fp16", "int8", "int4", "sign")]
     for name, plan in [*plans, ("auto", auto)]:
         started = time.perf_counter()

@@ -1,16 +1,27 @@
 """Which codec a link should send with (issue 17's ``--compress auto``).
 
-A codec is worth what it brings to consensus per second on the link that carries it. Per round,
-a codec c brings ln(10⁴) / R_c, where R_c is the number of rounds CHOCO needs with c for the
-consensus distance to fall 10,000-fold (:data:`ROUNDS_TO_CONSENSUS`, measured by
-bench/codec_gamma.py with each codec's default γ). A round on the link takes
+A codec is worth what it brings per second on the link that carries it. Per round a codec c
+brings 1 / R_c, where R_c is the rounds it needs for a job relative to the others; a round on
+the link takes
 
     t_c = max(compute_s, what a delta of c takes on the link)
 
-(the node's own time between rounds, and the delta's). The choice is the codec with the most
-progress per second, 1 / (R_c · t_c). So: fp16 where bytes are cheap (a LAN, where compute or
-a fixed cost per delta sets the pace), int8 or int4 on a home uplink, and on the slowest links
-whatever is smallest for its rounds.
+(the node's own time between rounds, and the delta's), so the codec's score, the seconds the
+job takes, is R_c · t_c. Two tables of R_c:
+
+* :data:`ROUNDS_WHILE_TRAINING`, what ``auto`` uses: a training swarm starts from one model (a
+  joiner pulls it) and has only to keep up with its own steps, and each round's error waits in
+  x - x̂ for the next. With a round after every step, fp16, int8 and int4 reach the target in
+  nearly the same rounds and sign in about 3.5 times as many (bench/codec_tracking.py).
+* :data:`ROUNDS_TO_CONSENSUS`: pure gossip from far apart (each node its own Gaussian vector),
+  rounds to agree 10,000-fold, where sign needs 70 times fp16's rounds (bench/codec_gamma.py);
+  bench/sim_codec_mix.py models that case.
+
+Bytes are a cost too: the user pays for them, and on a shared uplink every other flow does.
+So the choice is not simply the best score: it is the codec of fewest bytes among those within
+``frugal`` (15%) of the best. On a LAN, where compute sets every codec's pace, that is int8,
+not fp16 (half the bytes for a tenth more rounds); on a home uplink int4 or sign; on a cellular
+link sign.
 
 Two ways to know a delta's time. :func:`round_time_s` models it from a link's rate and round
 trip (``max(bytes_c / rate, rtt / window)``), for links that are only modelled
@@ -18,10 +29,11 @@ trip (``max(bytes_c / rate, rtt / window)``), for links that are only modelled
 (:class:`LinkCodecs`, from gossip/link_meter.py's times per codec), since every delta also
 pays a fixed cost that no model of bytes sees.
 
-A link's measurements move all the time, so the choice moves only when another codec is
-``hysteresis`` times better than the current one: a codec change is safe (each delta carries its
-codec, and replicas stay bit-identical across one: tests/gossip/test_auto_codec.py), but a link
-that flips every round learns nothing about either codec's pace.
+A link's measurements move all the time, so the choice moves to a larger codec only when the
+current one scores ``hysteresis`` times worse than the best; it moves to a smaller one as soon as
+that one is within ``frugal`` of the best. A codec change is safe (each delta carries its codec,
+and replicas stay bit-identical across one: tests/gossip/test_auto_codec.py), but a link that
+flips every round learns nothing about either codec's pace.
 """
 
 from __future__ import annotations
@@ -34,7 +46,9 @@ from gossip.link_meter import LinkMeter
 
 __all__ = [
     "AUTO_CODECS",
+    "FRUGAL",
     "ROUNDS_TO_CONSENSUS",
+    "ROUNDS_WHILE_TRAINING",
     "LinkCodecs",
     "LinkMeasure",
     "choose_codec",
@@ -43,7 +57,36 @@ __all__ = [
 
 #: Rounds until the consensus distance fell 10,000-fold: 16 nodes on the exponential graph, a
 #: 4,096-value Gaussian start, each codec at its default γ (bench/codec_gamma.py, RESULTS.md).
-ROUNDS_TO_CONSENSUS = {"fp16": 5, "int8": 7, "int4": 12, "sign": 345}
+ROUNDS_TO_CONSENSUS: Mapping[str, float] = {"fp16": 5, "int8": 7, "int4": 12, "sign": 345}
+
+#: Rounds to the target while training, relative to fp16's, a round after every local step:
+#: the worst node's time to the target, the larger of two swarms (16 nodes of the digits MLP,
+#: 4 of the 1.1M-parameter MLP; bench/codec_tracking.py, RESULTS.md).
+ROUNDS_WHILE_TRAINING: Mapping[str, float] = {"fp16": 1.0, "int8": 1.1, "int4": 1.4, "sign": 3.5}
+
+#: A codec of fewer bytes is taken when its score is within this factor of the best.
+FRUGAL = 1.15
+
+#: A probe that lost doubles the wait before the next, up to this many ``probe_s``: on a slow
+#: link each probe's deltas are the larger codec's, and the answer seldom changes.
+MAX_PROBE_GAP = 8
+
+
+def pick(
+    scores: Mapping[str, float],
+    nbytes: Mapping[str, int],
+    current: str | None,
+    hysteresis: float,
+    frugal: float = FRUGAL,
+) -> str:
+    """The codec of fewest bytes whose score is within ``frugal`` of the best; but a
+    ``current`` codec of fewer bytes still stays until it scores ``hysteresis`` times the
+    best."""
+    best = min(scores.values())
+    target = min((c for c in scores if scores[c] <= frugal * best), key=lambda c: nbytes[c])
+    if current is None or current not in scores or nbytes[target] <= nbytes[current]:
+        return target
+    return current if scores[current] <= hysteresis * best else target
 
 
 @dataclass(frozen=True)
@@ -79,27 +122,24 @@ def choose_codec(
     current: str | None = None,
     candidates: Iterable[str] = AUTO_CODECS,
     hysteresis: float = 1.25,
+    rounds: Mapping[str, float] = ROUNDS_WHILE_TRAINING,
+    frugal: float = FRUGAL,
 ) -> str:
-    """The codec with the most consensus progress per second on ``link``; ``current`` stays
-    unless another is ``hysteresis`` times better."""
-    if hysteresis < 1:
-        raise ValueError(f"hysteresis is {hysteresis}: expected at least 1")
+    """The codec for ``link`` by :func:`pick`, each scored R_c · t_c from ``rounds``."""
+    if hysteresis < frugal or frugal < 1:
+        raise ValueError(f"need 1 <= frugal <= hysteresis, got {frugal} and {hysteresis}")
     names = list(candidates)
-    unknown = [c for c in names if c not in ROUNDS_TO_CONSENSUS]
+    unknown = [c for c in names if c not in rounds]
     if not names or unknown:
         raise ValueError(f"no measured pace for {unknown or 'an empty list'}")
-
-    def seconds(codec: str) -> float:  # to the 10,000-fold fall: R_c · t_c
-        return ROUNDS_TO_CONSENSUS[codec] * round_time_s(codec, numel, link)
-
-    best = min(names, key=lambda c: (seconds(c), names.index(c)))
-    if current in names and seconds(current) <= hysteresis * seconds(best):
-        return current
-    return best
+    scores = {c: rounds[c] * round_time_s(c, numel, link) for c in names}
+    nbytes = {c: get_codec(c).encoded_nbytes(numel) for c in names}
+    return pick(scores, nbytes, current, hysteresis, frugal)
 
 
 class LinkCodecs:
-    """The codec of each link under ``auto``, from what each codec's deltas took on it.
+    """The codec of each link under ``auto``, from what each codec's deltas took on it; or,
+    for a node whose rounds go to every link at once (``--pace node``), one codec for all.
 
     A codec's score on a link is R_c · max(compute_s, t_c): the rounds it needs times a round's
     time, where t_c is what its deltas took on this link lately (:meth:`LinkMeter.delta_s`).
@@ -108,42 +148,54 @@ class LinkCodecs:
     a fixed cost per delta does (a fast link, a busy machine); with two or more, from the line
     of time against bytes through them, which sees that fixed cost. So a smaller codec is
     tried whenever the prediction says so, and while the current codec is the only one
-    measured, the next larger is also *probed* every ``probe_s``: the probe's deltas measure
-    it, and the next update keeps whichever scored better. Measurements count for
+    measured, the next larger is also *probed*, at once and then every ``probe_s``, twice as
+    long after each probe that lost (up to :data:`MAX_PROBE_GAP` times): the probe's deltas
+    measure it, and the next update keeps whichever scored better. Links start on sign
+    (``initial``), the smallest: a slow link is right from its first delta, and a fast one
+    measures sign and its probe within a few of its quick rounds. Measurements count for
     ``memory_s`` after a codec's last delta, so that a link that changed (shaped, unshaped)
     is judged by what it is now: the price is a few deltas of exploration every ``memory_s``.
-    The choice moves only when another codec scores ``hysteresis`` times better; a link not
-    yet measured sends with ``initial``.
+    The pick is :func:`pick`'s; a link not yet measured sends with ``initial``. One codec for
+    all links (:meth:`update_all`) scores each codec by its slowest link, since such a round
+    is done when every link has carried it.
 
     Args:
         numel: the model's values (the codecs' bytes follow from it).
+        rounds: R_c by codec (default :data:`ROUNDS_WHILE_TRAINING`).
         memory_s: how long a codec's measurement counts after its last delta.
         probe_s: how often a link tries the next larger codec while only its current codec
             is measured.
     """
 
+    #: The key of the one codec of :meth:`update_all`.
+    ALL = ""
+
     def __init__(
         self,
         numel: int,
-        initial: str = "int8",
+        initial: str = "sign",
         candidates: Iterable[str] = AUTO_CODECS,
         hysteresis: float = 1.25,
         memory_s: float = 10.0,
         probe_s: float = 5.0,
+        rounds: Mapping[str, float] = ROUNDS_WHILE_TRAINING,
+        frugal: float = FRUGAL,
     ) -> None:
         self.candidates = tuple(candidates)
         if initial not in self.candidates:
             raise ValueError(f"the initial codec {initial!r} is not among {self.candidates}")
-        unknown = [c for c in self.candidates if c not in ROUNDS_TO_CONSENSUS]
-        if unknown or hysteresis < 1 or memory_s <= 0 or probe_s <= 0:
+        unknown = [c for c in self.candidates if c not in rounds]
+        if unknown or not 1 <= frugal <= hysteresis or memory_s <= 0 or probe_s <= 0:
             raise ValueError(
                 f"no measured pace for {unknown}"
                 if unknown
-                else "need hysteresis >= 1 and "
-                f"positive memory_s and probe_s, got {hysteresis}, {memory_s}, {probe_s}"
+                else "need 1 <= frugal <= hysteresis and positive memory_s and probe_s, got "
+                f"{frugal}, {hysteresis}, {memory_s}, {probe_s}"
             )
         self.initial = initial
         self.hysteresis = hysteresis
+        self.frugal = frugal
+        self.rounds = dict(rounds)
         self.memory_s = memory_s
         self.probe_s = probe_s
         self.nbytes = {c: get_codec(c).encoded_nbytes(numel) for c in self.candidates}
@@ -151,6 +203,8 @@ class LinkCodecs:
         self.by_size = sorted(self.candidates, key=lambda c: self.nbytes[c])
         self.chosen: dict[str, str] = {}
         self._probed_at: dict[str, float] = {}
+        self._probing: dict[str, str] = {}  # the codec a link is probing
+        self._probe_gap: dict[str, float] = {}  # seconds between its probes, now
 
     def update(
         self, meters: Mapping[str, LinkMeter], compute_s: float, now: float
@@ -158,32 +212,70 @@ class LinkCodecs:
         """Each link's codec now, for the links in ``meters`` (the others are forgotten)."""
         chosen = {}
         for peer, meter in meters.items():
-            chosen[peer] = self._choose(peer, meter, compute_s, now)
+            current = self.chosen.get(peer, self.initial)
+            times = self._times(meter, current, now)
+            chosen[peer] = (
+                current if times is None else self._decide(peer, current, *times, compute_s, now)
+            )
         self.chosen = chosen
-        self._probed_at = {p: t for p, t in self._probed_at.items() if p in chosen}
+        for kept in (self._probed_at, self._probing, self._probe_gap):
+            for gone in kept.keys() - chosen.keys():
+                del kept[gone]
         return dict(chosen)
 
-    def _choose(self, peer: str, meter: LinkMeter, compute_s: float, now: float) -> str:
-        current = self.chosen.get(peer, self.initial)
+    def update_all(self, meters: Mapping[str, LinkMeter], compute_s: float, now: float) -> str:
+        """The one codec of every link now: each codec's time is its slowest link's (the links
+        that have not measured the current codec yet are left out)."""
+        current = self.chosen.get(self.ALL, self.initial)
+        known = [t for m in meters.values() if (t := self._times(m, current, now)) is not None]
+        if known:
+            worst = {c: max(times[c] for times, _ in known) for c in self.candidates}
+            current = self._decide(
+                self.ALL, current, worst, min(n for _, n in known), compute_s, now
+            )
+        self.chosen = {self.ALL: current}
+        return current
+
+    def _times(
+        self, meter: LinkMeter, current: str, now: float
+    ) -> tuple[dict[str, float], int] | None:
+        """Each codec's delta time on the link, measured or predicted, and how many were
+        measured; None while the current codec's deltas are still being measured."""
         measured = {
             c: t for c in self.candidates if (t := meter.delta_s(c, now, self.memory_s)) is not None
         }
         if current not in measured:
-            return current  # its deltas are still being measured
+            return None
         fixed, per_byte = self._fit(measured)
+        times = {c: measured.get(c, fixed + per_byte * self.nbytes[c]) for c in self.candidates}
+        return times, len(measured)
 
-        def score(c: str) -> float:
-            took = measured.get(c, fixed + per_byte * self.nbytes[c])
-            return ROUNDS_TO_CONSENSUS[c] * max(compute_s, took)
-
-        best = min(self.candidates, key=lambda c: (score(c), self.candidates.index(c)))
-        if score(current) > self.hysteresis * score(best):
-            return best
+    def _decide(
+        self,
+        key: str,
+        current: str,
+        times: Mapping[str, float],
+        measured: int,
+        compute_s: float,
+        now: float,
+    ) -> str:
+        scores = {c: self.rounds[c] * max(compute_s, times[c]) for c in self.candidates}
+        chosen = pick(scores, self.nbytes, current, self.hysteresis, self.frugal)
+        if self._probing.get(key) == current:  # the probe is measured: it lost, or it won
+            del self._probing[key]
+            lost = self.nbytes[chosen] < self.nbytes[current]
+            gap = self._probe_gap.get(key, self.probe_s)
+            self._probe_gap[key] = (
+                min(2 * gap, MAX_PROBE_GAP * self.probe_s) if lost else self.probe_s
+            )
+        if chosen != current:
+            return chosen
         larger = self.by_size.index(current) + 1
-        if len(measured) < 2 and larger < len(self.by_size):
-            since = now - self._probed_at.setdefault(peer, now)
-            if since >= self.probe_s:
-                self._probed_at[peer] = now
+        if measured < 2 and larger < len(self.by_size):
+            last = self._probed_at.get(key)
+            if last is None or now - last >= self._probe_gap.get(key, self.probe_s):
+                self._probed_at[key] = now
+                self._probing[key] = self.by_size[larger]
                 return self.by_size[larger]
         return current
 

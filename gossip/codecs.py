@@ -242,7 +242,7 @@ class AutoCodec(Codec):
     name = "auto"
     unbiased = False
 
-    def __init__(self, block_size: int = 256, initial: str = "int8") -> None:
+    def __init__(self, block_size: int = 256, initial: str = "sign") -> None:
         super().__init__(block_size)
         self.members: dict[str, Codec] = {c: CODECS[c](block_size) for c in AUTO_CODECS}
         if initial not in self.members:

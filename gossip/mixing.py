@@ -43,7 +43,8 @@ class MixConfig:
         the model, through valid deltas, and do not mix.
     trigger: make a round only when it is worth its bytes (gossip/trigger.py); None: every
         round asked for is made.
-    link_gamma: with a codec per link (``auto``), γ by codec: a link's pair term is mixed
+    link_gamma: with codecs that change (``auto``: one per link, or with one public copy one
+        per round), γ by codec: a link's pair term is mixed
         with the smaller γ of its two directions' codecs (this node's on the link, and the
         codec of the neighbour's last delta; the smallest γ before that delta), which both
         ends compute alike, so the pair's terms still cancel in the mean; ``gamma`` then
@@ -234,7 +235,7 @@ class Mixer:
             return Round(
                 seq, payload, nobody, self._silenced, self._evicted, {}, frozenset(), {}, {}
             )
-        reason = self._worth(current, neighbours, [state.codec] * len(neighbours))
+        reason = self._worth(current, neighbours, [state.codec_for(p) for p in neighbours])
         if reason is None:
             return None
         newly_evicted: dict[NodeId, float] = {}
@@ -252,10 +253,18 @@ class Mixer:
                 if self.outer is not None:
                     self.outer.step(x)
                 clipped_consensus_step(
-                    state, x, cfg.gamma, weights, cfg.byzantine_fraction, self._evicted
+                    state,
+                    x,
+                    self._robust_gamma(weights),
+                    weights,
+                    cfg.byzantine_fraction,
+                    self._evicted,
                 )
                 if self.outer is not None:
                     self.outer.rebase(x)
+            elif cfg.link_gamma is not None:  # auto: each pair at its codecs' γ
+                steps = {p: w * self._pair_gamma(p, cfg.link_gamma) for p, w in weights.items()}
+                mix(state, x, cfg.gamma, steps, self.outer)
             else:
                 mix(state, x, cfg.gamma, weights, self.outer)
             current = x.clone()
@@ -375,6 +384,16 @@ class Mixer:
             if made is not None:
                 links[peer] = made
         return links
+
+    def _robust_gamma(self, weights: Mapping[NodeId, float]) -> float:
+        """The one γ of a clipped step: ``gamma``, or under ``auto`` the smallest of the pairs'
+        (clipping weighs every pull against one radius, so the pulls share one step)."""
+        if self.cfg.link_gamma is None:
+            return self.cfg.gamma
+        pairs = [
+            self._pair_gamma(p, self.cfg.link_gamma) for p in weights if p in self.state.replicas
+        ]
+        return self.cfg.gamma * min(pairs, default=min(self.cfg.link_gamma.values()))
 
     def _pair_gamma(self, peer: NodeId, gammas: Mapping[str, float]) -> float:
         """The γ of the link to ``peer``: the smaller of its two directions' codecs'; before

@@ -179,6 +179,8 @@ class GossipState:
         self.copies: dict[NodeId, LinkCopy] = {}
         #: The codec each link sends with, by neighbour, under ``auto`` (its initial otherwise).
         self.link_codecs: dict[NodeId, str] = {}
+        #: Under ``auto`` without ``per_link``: the one codec of the rounds (None: its initial).
+        self.round_codec: str | None = None
         self.guard = guard
         #: The largest distance, in norms of x̂_i, that an accepted update put a replica at
         #: (how close honest traffic comes to ``guard.max_distance``).
@@ -258,7 +260,7 @@ class GossipState:
         Raises:
             NonFiniteError: x holds NaN or infinity (nothing changes).
         """
-        compressed = self.codec.compress(x - self.public, self.generator)
+        compressed = self._rounds_codec().compress(x - self.public, self.generator)
         self.public += compressed.value
         self.seq += 1
         return self.seq, compressed.encoded
@@ -296,9 +298,20 @@ class GossipState:
         return copy.seq, compressed.encoded
 
     def codec_for(self, peer: NodeId) -> Codec:
-        """The codec the link to ``peer`` sends with: its own under ``auto``, else the node's."""
+        """The codec the link to ``peer`` sends with: under ``auto`` its own, or without
+        ``per_link`` the rounds' one; else the node's."""
+        if not self.per_link:
+            return self._rounds_codec()
         if isinstance(self.codec, AutoCodec):
             name = self.link_codecs.get(peer)
+            return self.codec.initial if name is None else self.codec.member(name)
+        return self.codec
+
+    def _rounds_codec(self) -> Codec:
+        """The codec of :meth:`make_delta`'s deltas: the node's, or auto's pick for the rounds
+        (its initial before the first pick)."""
+        if isinstance(self.codec, AutoCodec):
+            name = self.round_codec
             return self.codec.initial if name is None else self.codec.member(name)
         return self.codec
 
@@ -314,6 +327,19 @@ class GossipState:
             raise ValueError("only auto with a copy per link sends a codec per link")
         self.codec.member(name)
         self.link_codecs[peer] = name
+
+    def set_round_codec(self, name: str) -> None:
+        """Under ``auto`` without ``per_link``: the next rounds' deltas, one for every link, go
+        with ``name``. No snapshot is owed: each delta names its codec, and x̂ and every
+        neighbour's replica of it move by the same decoded values whatever codec made them.
+
+        Raises:
+            ValueError: not ``auto`` with one public copy, or a codec auto does not choose.
+        """
+        if self.per_link or not isinstance(self.codec, AutoCodec):
+            raise ValueError("only auto with one public copy sends one codec for all links")
+        self.codec.member(name)
+        self.round_codec = name
 
     def set_link_codecs(self, chosen: Mapping[NodeId, str]) -> None:
         """:meth:`set_link_codec` for each of ``chosen`` that is a peer now (a pick made

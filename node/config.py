@@ -109,7 +109,8 @@ class GossipConfig:
     fanout: with epidemic, the links each round goes to.
     bridge_codec: the codec of the links between regions (fp16, int8, int4 or sign), the
         others keeping ``codec``; every delta then names its codec, as under ``auto`` (whose
-        codec set the swarm then shares). None: one codec. Needs ``pace`` link.
+        codec set the swarm then shares). With ``codec`` auto, the links inside regions send
+        int8. None: one codec. Needs ``pace`` link.
     bridge_period: a link between regions carries a delta in at most one of every this many
         of the node's rounds (1: every round). Needs ``pace`` link when above 1.
     degree: neighbours per node for random-regular; bridges between each two regions for
@@ -117,9 +118,10 @@ class GossipConfig:
     region: this node's region, in its signed member record (regional keeps most edges inside
         a region and ``degree`` across between each two); empty: none.
     codec: fp32 (alias none), fp16, int8, int4, sign, topk, randk or dct-topk; or ``auto``:
-        each link picks among fp16, int8, int4 and sign the codec that brings the most
-        consensus per second at its measured rate and round trip (gossip/codec_choice.py),
-        each pair of codecs mixing at the smaller default γ of the two (needs ``pace`` link).
+        the default: among fp16, int8, int4 and sign, the codec of fewest bytes within 15% of
+        the most progress per second at the links' measured pace (gossip/codec_choice.py),
+        one per link with ``pace`` link, else one per round scored by the slowest link; each
+        pair of codecs mixes at the smaller default γ of the two.
     block_size: values per quantization scale (per top-k selection, for the sparse codecs).
     compress_fraction: share of each block the sparse codecs send (topk, randk, dct-topk).
     gamma: consensus step size; None picks :data:`DEFAULT_GAMMA` for the codec (for a sparse
@@ -167,7 +169,7 @@ class GossipConfig:
     bridge_codec: str | None = None
     bridge_period: int = 1
     region: str = ""
-    codec: str = "int8"
+    codec: str = "auto"
     block_size: int = 256
     compress_fraction: float = DEFAULT_FRACTION  # CHOCO-SGD's top-1%; an index fits a byte
     gamma: float | None = None
@@ -209,11 +211,6 @@ class GossipConfig:
             known = ", ".join([*CODECS, AutoCodec.name])
             raise ValueError(f"unknown codec {self.codec!r}; known: none, {known}")
         object.__setattr__(self, "codec", codec)
-        if codec == AutoCodec.name and self.pace != "link":
-            raise ValueError(
-                "--compress auto picks a codec per link, which needs a copy of the model per "
-                "link: add --pace link"
-            )
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"unknown topology {self.topology!r}; known: {', '.join(TOPOLOGIES)}")
         if self.topology in SCHEDULES and self.pace != "link":
@@ -230,6 +227,10 @@ class GossipConfig:
                 "a codec or a period of their own for the links between regions needs a copy "
                 "of the model per link: add --pace link"
             )
+        if self.bridge_codec is not None and codec == AutoCodec.name:
+            # A bridge codec fixes the links between regions; auto, the default, then leaves
+            # the links inside regions on int8, as they were before auto was the default.
+            object.__setattr__(self, "codec", "int8")
         if self.bridge_codec is not None and not (
             self.bridge_codec in AUTO_CODECS and self.codec in AUTO_CODECS
         ):

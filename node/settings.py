@@ -249,8 +249,8 @@ class GossipSettings(_Schema):
     )  # EL's s: 2 agreed in 17-18 rounds at 64 to 1,024 nodes (bench/RESULTS.md)
     bridge_codec: Literal["fp16", "int8", "int4", "sign"] | None = Field(  # BRIDGE_CODEC_NAMES
         None,
-        description="codec of the links between regions, the others keeping codec (needs "
-        "pace link; none: one codec)",
+        description="codec of the links between regions, the others keeping codec (int8 "
+        "when codec is auto; needs pace link; none: one codec)",
     )  # sign across slow links, int8 inside: HALoS's cheap slow tier
     bridge_period: AtLeastOne = Field(
         1,
@@ -263,8 +263,10 @@ class GossipSettings(_Schema):
     codec: Literal[
         "none", "fp32", "fp16", "int8", "int4", "sign", "topk", "randk", "dct-topk", "auto"
     ] = Field(  # CODEC_NAMES
-        "int8", description="codec of the model deltas (auto: one per link, by measurement)"
-    )  # a quarter of fp32's bytes, and CHOCO converges as with fp32
+        "auto",
+        description="codec of the model deltas (auto: fp16, int8, int4 or sign, by measurement "
+        "of the links; one per link with pace link)",
+    )  # int8 where compute sets the pace, int4 or sign where bytes do (gossip/codec_choice.py)
     compress_fraction: Annotated[float, Field(gt=0, le=1)] = Field(
         0.01, description="share of each block the sparse codecs (topk, randk, dct-topk) send"
     )  # CHOCO-SGD's top-1%; an index fits a byte

@@ -362,7 +362,7 @@ def _check_together(s: RunSettings, origins: Mapping[str, Origin]) -> None:
             f"{g.bridge_period}{said('gossip.bridge_period')}) needs a copy of the model per "
             f"link, and pace is {g.pace}{said('gossip.pace')}: add --pace link"
         )
-    if g.bridge_codec is not None and g.codec not in BRIDGE_CODEC_NAMES:
+    if g.bridge_codec is not None and g.codec not in (*BRIDGE_CODEC_NAMES, "auto"):  # auto: int8
         raise SettingsError(
             f"bridge_codec {g.bridge_codec}{said('gossip.bridge_codec')} with codec "
             f"{g.codec}{said('gossip.codec')}: the links inside a region must send one of "

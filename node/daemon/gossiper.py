@@ -115,6 +115,9 @@ class Gossiper:
         #: Under ``auto``, each link's codec as the event loop last chose it (node/daemon/
         #: peers.py); replaced whole, never changed in place, so the worker may read it.
         self.link_codecs: Mapping[str, str] = {}
+        #: Under ``auto`` with one public copy, the rounds' codec as the event loop last chose
+        #: it (None: not chosen yet, or not auto).
+        self.round_codec: str | None = None
         self._degree = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gossip")
 
@@ -183,6 +186,8 @@ class Gossiper:
 
         def work() -> Delta | Mapping[str, Delta] | None:
             self.state.set_link_codecs(self.link_codecs)
+            if self.round_codec is not None:
+                self.state.set_round_codec(self.round_codec)
             made = self.mixer.round(self.flat.flat, self.model_lock, ready)
             if made is None:
                 return None

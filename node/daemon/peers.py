@@ -165,8 +165,11 @@ class Peers:
         if self.codecs is not None:
             meters = {peer: m.meter for peer, m in machines.items()}
             now = self.runtime.clock.now()
-            # Replaced whole: the worker reads it.
-            self.gossiper.link_codecs = self.codecs.update(meters, self.compute_s(), now)
+            # Replaced whole: the worker reads them.
+            if self.cfg.pace == "link":
+                self.gossiper.link_codecs = self.codecs.update(meters, self.compute_s(), now)
+            else:
+                self.gossiper.round_codec = self.codecs.update_all(meters, self.compute_s(), now)
         return round_pace(machines, self.runtime.clock.now(), self.cfg.pace == "link")
 
     def offer(self, delta: Delta | Mapping[str, Delta]) -> None:

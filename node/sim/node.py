@@ -335,7 +335,10 @@ class SimNode:
             meters = {peer: m.meter for peer, m in machines.items()}
             compute_s = self.step_s * self.sim.cfg.gossip.local_steps
             now = self.sim.events.now()
-            self.state.set_link_codecs(self.codecs.update(meters, compute_s, now))
+            if self.state.per_link:
+                self.state.set_link_codecs(self.codecs.update(meters, compute_s, now))
+            else:
+                self.state.set_round_codec(self.codecs.update_all(meters, compute_s, now))
         try:
             made = self.mixer.round(self.flat.flat, ready=ready)
             if made is None:

@@ -1,8 +1,9 @@
 """``--compress auto`` measured from outside (issue 17): six real nodes over mutual TLS, each in
 its own namespace, one behind a 1 Mbit/s tbf link half of the time (tests/e2e/slow_neighbour.py).
 Each link picks its codec from what it measures of itself: while the link is shaped the links
-into the slow node send with smaller codecs than the other links, which stay on fp16 (a fixed
-cost per delta sets their pace, and fp16 needs the fewest rounds), and once the shaping is
+into the slow node send with smaller codecs than the other links, which settle on int8 and
+int4 (a fixed cost per delta sets most of their pace, and int8 is within 15% of fp16's rounds
+on half its bytes), and once the shaping is
 lifted the links into the slow node go back up. What each link chose is read from the nodes'
 Status, as most of five reads found it.
 """
@@ -37,15 +38,16 @@ async def test_each_link_picks_its_codec_and_changes_it_with_the_link(tmp_path: 
     assert got.codes == [0] * N, got.codes  # SIGTERM: each left politely and wrote its state
     # While shaped, the links into the slow node send fewer bits a value than the fast links
     # beside them, and fewer than they do themselves while unshaped: they moved down and back
-    # up with the link (measured: 9-11 bits a value shaped, 14-16 unshaped, 15-16 on the fast
-    # links). Not all of them move: a delta's time into the slow node is also its answer's,
-    # which queues behind the slow node's own deltas on its shaped uplink whatever the codec,
-    # and where the codec does not change a delta's time, fp16's fewer rounds win.
+    # up with the link. Not all of them move: a delta's time into the slow node is also its
+    # answer's, which queues behind the slow node's own deltas on its shaped uplink whatever
+    # the codec, and where the codec does not change a delta's time, int8 wins.
     slow = {phase: [c for links in got.slow_codecs[phase] for c in links] for phase in PHASES}
     fast = {phase: [c for links in got.fast_codecs[phase] for c in links] for phase in PHASES}
     assert mean_bits(slow["slow"]) < mean_bits(fast["slow"]), (slow, fast)
     assert mean_bits(slow["slow"]) < mean_bits(slow["fast"]), slow
-    # The fast links, where a fixed cost per delta sets the pace, are on fp16 but for the odd
-    # link a busy machine's noise holds on int8 (measured: 43 and 44 of 48).
+    # The fast links, where six nodes on two cores make a fixed cost per delta most of its
+    # time, are on int8 or, where the bytes still weigh, int4 within 15% of it (measured: 33
+    # and 32 of 48 on int8, the rest int4); never on sign, whose rounds a fixed cost makes dear.
     every = fast["fast"] + fast["slow"]
-    assert every.count("fp16") >= 0.75 * len(every), got.fast_codecs
+    assert set(every) <= {"int8", "int4"}, got.fast_codecs
+    assert every.count("int8") >= 0.5 * len(every), got.fast_codecs

@@ -95,59 +95,106 @@ def test_a_link_machine_meters_its_own_deltas_by_codec() -> None:
     assert link.meter.delta_s("fp16", 7.0, 60.0) == pytest.approx(0.08)
 
 
-def test_a_link_where_bytes_set_the_pace_ends_on_the_smallest_worth_it_after_a_probe() -> None:
-    codecs = LinkCodecs(MLP, memory_s=60.0, probe_s=20.0)
+def test_a_link_where_bytes_set_the_pace_ends_on_the_smallest() -> None:
+    codecs = LinkCodecs(MLP, initial="int8", memory_s=60.0, probe_s=20.0)
     home = Link(HOME)
     home.carry("int8")
-    assert codecs.update({"home": home.meter}, 0.002, home.now) == {"home": "int8"}
-    # int4 would be 1.15x faster than int8 (12 rounds at half the time against 7): within the
-    # hysteresis. fp16 is predicted slower, but a prediction is not a measurement: it is
-    # probed once probe_s has passed, and its own deltas send it away, to the best of all.
-    home.now += 19.0
-    assert codecs.update({"home": home.meter}, 0.002, home.now) == {"home": "int8"}
-    home.now += 1.0
-    assert codecs.update({"home": home.meter}, 0.002, home.now) == {"home": "fp16"}
-    home.carry("fp16")
-    assert codecs.update({"home": home.meter}, 0.002, home.now) == {"home": "int4"}
-    home.carry("int4")
-    assert codecs.update({"home": home.meter}, 0.002, home.now) == {"home": "int4"}
-    assert codecs.update({"home": home.meter}, 0.002, home.now + 10.0) == {"home": "int4"}
+    # One codec measured: the others in proportion to their bytes. sign needs 3.5x fp16's
+    # rounds while training, int8 1.1x, on a seventh of int8's bytes: sign is best by far.
+    assert codecs.update({"home": home.meter}, 0.002, home.now) == {"home": "sign"}
+    home.carry("sign")
+    assert codecs.update({"home": home.meter}, 0.002, home.now) == {"home": "sign"}
+    # two codecs measured, on one line through zero: nothing left to probe
+    home.now += 25.0
+    assert codecs.update({"home": home.meter}, 0.002, home.now) == {"home": "sign"}
 
 
-def test_a_link_where_each_delta_pays_a_fixed_cost_finds_fp16_by_probing() -> None:
+def test_a_link_where_each_delta_pays_a_fixed_cost_settles_on_int8() -> None:
     """A loaded machine on a fast link: every delta takes 25 ms whatever its bytes. The bytes
-    predict fp16 twice as slow as int8; its probe measures it as fast, and it stays, since it
-    needs 5 rounds to int8's 7."""
-    codecs = LinkCodecs(MLP, memory_s=60.0, probe_s=20.0)
+    predict sign 7 times as fast as int8; measured, it is as slow, and its 3.5x rounds send
+    the link back. fp16 would need 10% fewer rounds than int8, for twice the bytes: int8."""
+    codecs = LinkCodecs(MLP, initial="int8", memory_s=60.0, probe_s=20.0)
     lan = Link(dict.fromkeys(AUTO_CODECS, 0.025))
     fresh = LinkMeter()
     lan.carry("int8")
     both = {"lan": lan.meter, "new": fresh}
+    assert codecs.update(both, 0.002, lan.now) == {"lan": "sign", "new": "int8"}
+    lan.carry("sign")
     assert codecs.update(both, 0.002, lan.now) == {"lan": "int8", "new": "int8"}
     lan.now += 20.0
-    assert codecs.update(both, 0.002, lan.now) == {"lan": "fp16", "new": "int8"}
-    lan.carry("fp16")
-    assert codecs.update(both, 0.002, lan.now) == {"lan": "fp16", "new": "int8"}
-    assert codecs.update({"lan": lan.meter}, 0.002, lan.now) == {"lan": "fp16"}
-    assert codecs.chosen == {"lan": "fp16"}  # a link gone is forgotten
+    assert codecs.update(both, 0.002, lan.now) == {"lan": "int8", "new": "int8"}
+    assert codecs.update({"lan": lan.meter}, 0.002, lan.now) == {"lan": "int8"}
+    assert codecs.chosen == {"lan": "int8"}  # a link gone is forgotten
+    # where bytes cost nothing and any gain counts, the fewest rounds win
+    free = LinkCodecs(MLP, memory_s=60.0, frugal=1.0, hysteresis=1.0)
+    assert free.update({"lan": lan.meter}, 0.002, lan.now) == {"lan": "fp16"}
 
 
 def test_a_link_that_slows_down_moves_to_a_smaller_codec() -> None:
     codecs = LinkCodecs(MLP, initial="fp16")
     link = Link(dict.fromkeys(AUTO_CODECS, 0.025))
     link.carry("fp16")
-    # One codec measured: the others in proportion to their bytes, so int4 looks 4x faster...
-    assert codecs.update({"l": link.meter}, 0.002, link.now) == {"l": "int4"}
-    link.carry("int4")
-    # ...until measured: the line through both is flat, a fixed cost, and fp16 is back.
-    assert codecs.update({"l": link.meter}, 0.002, link.now) == {"l": "fp16"}
-    link.took = HOME  # shaped to 1 Mbit/s
-    link.carry("fp16")
-    assert codecs.update({"l": link.meter}, 0.002, link.now) == {"l": "int4"}
-    link.carry("int4")
-    assert codecs.update({"l": link.meter}, 0.002, link.now) == {"l": "int4"}
+    # One codec measured: the others in proportion to their bytes, so sign looks 14x faster...
+    assert codecs.update({"l": link.meter}, 0.002, link.now) == {"l": "sign"}
+    link.carry("sign")
+    # ...until measured: the line through both is flat, a fixed cost, and int8 is within 15%
+    # of fp16 on half its bytes.
+    assert codecs.update({"l": link.meter}, 0.002, link.now) == {"l": "int8"}
+    link.carry("int8")
+    assert codecs.update({"l": link.meter}, 0.002, link.now) == {"l": "int8"}
+    link.took = HOME  # shaped to 1 Mbit/s; the old measurements age out
+    link.now += codecs.memory_s + 1.0
+    link.carry("int8")
+    assert codecs.update({"l": link.meter}, 0.002, link.now) == {"l": "sign"}
+    link.carry("sign")
+    assert codecs.update({"l": link.meter}, 0.002, link.now) == {"l": "sign"}
     with pytest.raises(ValueError, match="initial"):
         LinkCodecs(MLP, initial="topk")
+    with pytest.raises(ValueError, match="frugal"):
+        LinkCodecs(MLP, frugal=2.0)
+
+
+def test_a_probe_that_lost_waits_twice_as_long_before_the_next() -> None:
+    """On a slow link the probe's deltas are the larger codec's: each one that changes nothing
+    makes the next wait longer."""
+    codecs = LinkCodecs(MLP, memory_s=1.0, probe_s=5.0)
+    home = Link(HOME)
+    home.carry("sign")
+    assert codecs.update({"h": home.meter}, 0.002, home.now) == {"h": "int4"}  # at once
+    probed = home.now
+    home.carry("int4", 3)
+    assert codecs.update({"h": home.meter}, 0.002, home.now) == {"h": "sign"}  # it lost
+    home.now = probed + 6.0  # int4's measurement is gone; 6 s is past probe_s, not past 10 s
+    home.carry("sign")
+    assert codecs.update({"h": home.meter}, 0.002, home.now) == {"h": "sign"}
+    home.now = probed + 10.0
+    home.carry("sign")
+    assert codecs.update({"h": home.meter}, 0.002, home.now) == {"h": "int4"}
+    home.carry("int4", 3)
+    assert codecs.update({"h": home.meter}, 0.002, home.now) == {"h": "sign"}
+    assert codecs._probe_gap == {"h": 20.0}
+    assert codecs.update({}, 0.002, home.now) == {}
+    # the link closed: nothing of it is kept
+    assert not codecs._probe_gap
+    assert not codecs._probing
+    assert not codecs._probed_at
+
+
+def test_one_codec_for_all_links_is_scored_by_the_slowest() -> None:
+    """With one public copy (``--pace node``) a round is done when every link has carried it:
+    one slow link sets the node's codec for all."""
+    codecs = LinkCodecs(MLP, initial="int8", memory_s=60.0)
+    lan, home, fresh = Link(dict.fromkeys(AUTO_CODECS, 0.025)), Link(HOME), LinkMeter()
+    for link in (lan, home):
+        link.carry("int8")
+    now = max(lan.now, home.now)
+    assert codecs.update_all({"lan": lan.meter, "new": fresh}, 0.002, now) == "sign"
+    assert codecs.update_all({"new": fresh}, 0.002, now) == "sign"  # nothing measured: kept
+    codecs = LinkCodecs(MLP, initial="int8", memory_s=60.0)
+    lan.carry("sign")
+    assert codecs.update_all({"lan": lan.meter}, 0.002, now) == "int8"
+    assert codecs.update_all({"lan": lan.meter, "home": home.meter}, 0.002, now) == "sign"
+    assert codecs.chosen == {LinkCodecs.ALL: "sign"}
 
 
 def test_auto_decodes_what_each_delta_names_and_refuses_the_rest() -> None:
@@ -164,7 +211,7 @@ def test_auto_decodes_what_each_delta_names_and_refuses_the_rest() -> None:
     bad = get_codec("int4", 64).encode(x)  # another block size: the member's check still holds
     with pytest.raises(CodecError, match="block size"):
         auto.validate(bad)
-    assert auto.encoded_nbytes(DIM) == get_codec("int8", 32).encoded_nbytes(DIM)
+    assert auto.encoded_nbytes(DIM) == get_codec("sign", 32).encoded_nbytes(DIM)
 
 
 def auto_state(clock: ManualClock, x: torch.Tensor, session: int) -> GossipState:
@@ -207,7 +254,9 @@ def test_only_auto_with_a_copy_per_link_takes_a_codec_per_link() -> None:
     auto = auto_state(clock, torch.zeros(DIM), 1)
     with pytest.raises(CodecError, match="auto sends"):
         auto.set_link_codec("b", "topk")
-    assert auto.codec_for("b").name == "int8"  # the initial, until the link is measured
+    assert auto.codec_for("b").name == "sign"  # the initial, until the link is measured
+    with pytest.raises(ValueError, match="one public copy"):
+        auto.set_round_codec("int8")
 
 
 def test_a_pair_of_codecs_mixes_at_the_smaller_gamma_and_keeps_the_mean() -> None:
@@ -245,9 +294,9 @@ def test_a_pair_of_codecs_mixes_at_the_smaller_gamma_and_keeps_the_mean() -> Non
     assert mb._pair_gamma("a", gammas) == ma._pair_gamma("b", gammas) == DEFAULT_GAMMA["int4"]
 
 
-def test_auto_needs_a_copy_per_link_and_takes_each_codecs_gamma() -> None:
-    with pytest.raises(ValueError, match="--pace link"):
-        GossipConfig(codec="auto")
+def test_auto_is_the_default_and_takes_each_codecs_gamma() -> None:
+    assert GossipConfig().codec == "auto"
+    assert GossipConfig().link_gamma == {c: DEFAULT_GAMMA[c] for c in AUTO_CODECS}
     auto = GossipConfig(codec="auto", pace="link")
     assert auto.step_size == 1.0
     assert auto.link_gamma == {c: DEFAULT_GAMMA[c] for c in AUTO_CODECS}
@@ -255,3 +304,76 @@ def test_auto_needs_a_copy_per_link_and_takes_each_codecs_gamma() -> None:
     assert fixed.step_size == 0.3
     assert fixed.link_gamma is None
     assert GossipConfig(codec="int8").link_gamma is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    picks=st.lists(st.sampled_from(AUTO_CODECS), min_size=1, max_size=30),
+    seed=st.integers(0, 2**16),
+)
+def test_one_public_copy_changes_codec_between_any_two_rounds_and_replicas_stay_exact(
+    picks: list[str], seed: int
+) -> None:
+    """``auto`` with ``--pace node``: one codec a round for every link, x̂ and each
+    neighbour's replica of it moving by the same decoded values."""
+    clock = ManualClock()
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(DIM, generator=gen)
+    a = GossipState(x, get_codec("auto", 32), clock, torch.Generator().manual_seed(1), session=1)
+    others = {p: GossipState(torch.zeros(DIM), get_codec("auto", 32), clock) for p in "bc"}
+    a.set_peers(frozenset(others))
+    seq, values = a.snapshot()
+    for state in others.values():
+        state.set_peers(frozenset({"a"}))
+        state.receive_snapshot("a", 1, seq, values)
+    for name in picks:
+        x += torch.randn(DIM, generator=gen)
+        a.set_round_codec(name)
+        assert {a.codec_for(p).name for p in others} == {name}
+        seq, payload = a.make_delta(x)
+        assert payload.codec == name
+        for state in others.values():
+            state.receive_delta("a", 1, seq, payload)
+    for state in others.values():
+        assert torch.equal(state.replicas["a"].value, a.public)
+    with pytest.raises(CodecError, match="auto sends"):
+        a.set_round_codec("topk")
+    plain = GossipState(torch.zeros(DIM), get_codec("int8", 32), clock)
+    with pytest.raises(ValueError, match="only auto"):
+        plain.set_round_codec("int4")
+
+
+def test_with_one_public_copy_a_pair_mixes_at_the_smaller_gamma_and_keeps_the_mean() -> None:
+    """As with a copy per link: a's rounds go in fp16, b's in int4, and both ends mix the
+    pair at int4's γ, so the sum of the two models stays."""
+    clock = ManualClock()
+    gen = torch.Generator().manual_seed(0)
+    xa, xb = torch.randn(DIM, generator=gen), torch.randn(DIM, generator=gen) + 3
+    total = xa + xb
+    a = GossipState(xa, get_codec("auto", 32), clock, session=1)
+    b = GossipState(xb, get_codec("auto", 32), clock, session=2)
+    gammas = {c: DEFAULT_GAMMA[c] for c in AUTO_CODECS}
+    cfg = MixConfig(gamma=1.0, silence_limit_s=1e9, link_gamma=gammas)
+    ma, mb = Mixer(a, cfg), Mixer(b, cfg)
+    ma.set_neighbours(frozenset({"b"}))
+    mb.set_neighbours(frozenset({"a"}))
+    b.receive_snapshot("a", 1, *a.snapshot())
+    a.receive_snapshot("b", 2, *b.snapshot())
+    a.set_round_codec("fp16")
+    b.set_round_codec("int4")
+    gap = float((xa - xb).norm())
+    for _ in range(30):
+        ra, rb = ma.round(xa), mb.round(xb)
+        assert ra is not None
+        assert rb is not None
+        b.receive_delta("a", 1, ra.seq, ra.payload)
+        a.receive_delta("b", 2, rb.seq, rb.payload)
+    assert (a.replicas["b"].codec, b.replicas["a"].codec) == ("int4", "fp16")
+    assert float((xa + xb - total).norm()) < 0.05 * gap
+    assert float((xa - xb).norm()) < 0.1 * gap
+    assert mb._pair_gamma("a", gammas) == ma._pair_gamma("b", gammas) == DEFAULT_GAMMA["int4"]
+    # robust mixing clips every pull against one radius: it takes the smallest pair's γ
+    robust = Mixer(a, MixConfig(gamma=1.0, silence_limit_s=1e9, link_gamma=gammas, robust=True))
+    robust.set_neighbours(frozenset({"b"}))
+    assert robust._robust_gamma({"b": 0.5}) == DEFAULT_GAMMA["int4"]
+    assert robust._robust_gamma({}) == min(gammas.values())

@@ -241,7 +241,7 @@ async def test_a_hello_for_another_task_is_refused_with_what_differs(target: Tar
         await target.stub.Hello(wire.hello_to_pb(other))
     assert info.value.code() == PRECONDITION
     details = str(info.value.details())
-    assert "codec: we have int8, you have int4" in details
+    assert "codec: we have auto, you have int4" in details
     assert "parameter 2.bias: we have it, you have nothing" in details
     assert len(target.node.peers.view) == 2
 

@@ -92,7 +92,7 @@ async def test_a_scrape_reads_the_nodes_training_gossip_and_membership(tmp_path:
     assert value(metrics["murmur_distance_to_neighbours_rms"]) >= 0
     info = metrics["murmur_node_info"].samples[0].labels
     assert info["node_id"] == node.node_id
-    assert info["codec"] == "int8"
+    assert info["codec"] == "auto"
 
 
 def bound_host(node: Node) -> str:

@@ -164,7 +164,7 @@ async def test_a_node_refuses_a_swarm_that_trains_something_else(tmp_path: Path)
             tmp_path / "b", listen="mem:0", join=(first.address,), **{"gossip.codec": "int4"}
         )
         other = await Node.create(cfg, transport=MemoryTransport(network))
-        with pytest.raises(JoinError, match="codec: we have int8, you have int4"):
+        with pytest.raises(JoinError, match="codec: we have auto, you have int4"):
             await other.start()
         await other.stop()
         assert len(first.peers.view) == 1
