@@ -46,7 +46,7 @@ def fleet_config(
 ) -> SimConfig:
     spec = parse_budget(budget) if budget else None
     assert spec is None or isinstance(spec, tuple)
-    gossip = GossipConfig(byte_budget=spec)
+    gossip = GossipConfig(codec="int8", byte_budget=spec)
     return SimConfig(
         nodes=nodes,
         duration_s=duration_s,

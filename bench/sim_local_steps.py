@@ -80,7 +80,7 @@ def main() -> None:
         duration_s=args.duration,
         speed_spread=args.spread,
         net=NetConfig(bandwidth_bps=args.bandwidth),
-        gossip=GossipConfig(),
+        gossip=GossipConfig(codec="int8"),
     )
     print(HEADER, flush=True)
     for bound in [None, *(int(b) for b in args.bounds.split(","))]:

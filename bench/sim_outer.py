@@ -90,7 +90,7 @@ def main() -> None:
         nodes=args.nodes,
         duration_s=args.duration,
         net=NetConfig(bandwidth_bps=args.bandwidth),
-        gossip=GossipConfig(),
+        gossip=GossipConfig(codec="int8"),
     )
     print(HEADER, flush=True)
     for h in (int(x) for x in args.hs.split(",")):

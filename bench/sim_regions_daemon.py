@@ -97,16 +97,19 @@ def main() -> None:
         f"task {args.task}, {args.duration:g} s simulated"
     )
     print(HEADER)
-    print(run("flat exponential", GossipConfig(topology="exponential"), args), flush=True)
+    print(
+        run("flat exponential", GossipConfig(codec="int8", topology="exponential"), args),
+        flush=True,
+    )
     if args.per_link:
-        flat = GossipConfig(topology="exponential", pace="link")
+        flat = GossipConfig(codec="int8", topology="exponential", pace="link")
         print(run("flat exponential, --pace link", flat, args), flush=True)
     for k in (int(b) for b in args.bridges.split(",")):
-        gossip = GossipConfig(topology="regional", degree=k)
+        gossip = GossipConfig(codec="int8", topology="regional", degree=k)
         print(run(f"regional, {k} bridge(s) per pair", gossip, args), flush=True)
         if not args.per_link:
             continue
-        per_link = GossipConfig(topology="regional", degree=k, pace="link")
+        per_link = GossipConfig(codec="int8", topology="regional", degree=k, pace="link")
         print(run(f"regional, {k} bridge(s), --pace link", per_link, args), flush=True)
         for pair in args.bridged.split(","):
             codec, _, period = pair.partition("/")

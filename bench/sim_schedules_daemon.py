@@ -110,12 +110,15 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     graphs = [
-        ("exponential, --pace node", GossipConfig()),
-        ("exponential, --pace link", GossipConfig(pace="link")),
-        ("one-peer-exponential", GossipConfig(topology="one-peer-exponential", pace="link")),
+        ("exponential, --pace node", GossipConfig(codec="int8")),
+        ("exponential, --pace link", GossipConfig(codec="int8", pace="link")),
+        (
+            "one-peer-exponential",
+            GossipConfig(codec="int8", topology="one-peer-exponential", pace="link"),
+        ),
         (
             f"epidemic --fanout {args.fanout}",
-            GossipConfig(topology="epidemic", fanout=args.fanout, pace="link"),
+            GossipConfig(codec="int8", topology="epidemic", fanout=args.fanout, pace="link"),
         ),
     ]
     for nodes in (int(n) for n in args.nodes.split(",")):
