@@ -11,8 +11,8 @@ job takes, is R_c · t_c. Two tables of R_c:
 
 * :data:`ROUNDS_WHILE_TRAINING`, what ``auto`` uses: a training swarm starts from one model (a
   joiner pulls it) and has only to keep up with its own steps, and each round's error waits in
-  x - x̂ for the next. With a round after every step, fp16, int8 and int4 reach the target in
-  nearly the same rounds and sign in about 3.5 times as many (bench/codec_tracking.py).
+  x - x̂ for the next. With a round after every step, int8 and int4 reach the target in 1 to
+  1.4 times fp16's rounds and sign in 2 to 3.5 times (bench/codec_tracking.py).
 * :data:`ROUNDS_TO_CONSENSUS`: pure gossip from far apart (each node its own Gaussian vector),
   rounds to agree 10,000-fold, where sign needs 70 times fp16's rounds (bench/codec_gamma.py);
   bench/sim_codec_mix.py models that case.
@@ -52,6 +52,7 @@ __all__ = [
     "LinkCodecs",
     "LinkMeasure",
     "choose_codec",
+    "pick",
     "round_time_s",
 ]
 
