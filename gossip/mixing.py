@@ -262,11 +262,8 @@ class Mixer:
                 )
                 if self.outer is not None:
                     self.outer.rebase(x)
-            elif cfg.link_gamma is not None:  # auto: each pair at its codecs' γ
-                steps = {p: w * self._pair_gamma(p, cfg.link_gamma) for p, w in weights.items()}
-                mix(state, x, cfg.gamma, steps, self.outer)
             else:
-                mix(state, x, cfg.gamma, weights, self.outer)
+                mix(state, x, cfg.gamma, self._pair_steps(weights), self.outer)
             current = x.clone()
         seq, payload = state.make_delta(current)  # compression runs outside the lock
         if self.trigger is not None:
@@ -346,11 +343,8 @@ class Mixer:
             if peer in (links if fresh else linked) and self._mixed.get(peer) != version:
                 weights[peer] = w if pairs is None else pairs
                 self._mixed[peer] = version
-        steps = weights
-        if cfg.link_gamma is not None:
-            steps = {p: w * self._pair_gamma(p, cfg.link_gamma) for p, w in weights.items()}
         with guard:
-            mix(state, x, cfg.gamma, steps, self.outer)
+            mix(state, x, cfg.gamma, self._pair_steps(weights), self.outer)
             after = x.clone()
         if not fresh:
             current = after
@@ -384,6 +378,13 @@ class Mixer:
             if made is not None:
                 links[peer] = made
         return links
+
+    def _pair_steps(self, weights: Mapping[NodeId, float]) -> Mapping[NodeId, float]:
+        """The weights, each scaled by its pair's γ under ``auto`` (``link_gamma``)."""
+        gammas = self.cfg.link_gamma
+        if gammas is None:
+            return weights
+        return {p: w * self._pair_gamma(p, gammas) for p, w in weights.items()}
 
     def _robust_gamma(self, weights: Mapping[NodeId, float]) -> float:
         """The one γ of a clipped step: ``gamma``, or under ``auto`` the smallest of the pairs'
