@@ -1,40 +1,15 @@
-"""SWIM's update queue (gossip/dissemination.py) against the plain dict it replaced."""
+"""SWIM's update queue (gossip/dissemination.py) against the plain dict it replaced, which
+bench/swim_queue.py keeps as its baseline."""
 
 from __future__ import annotations
-
-import heapq
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.swim_queue import ScanQueue
 from gossip.dissemination import UpdateQueue
 from gossip.swim_messages import MemberRecord
-
-
-class DictQueue:
-    """The queue as a dict in queue order, scanned whole for each choice (the old code)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.items: dict[str, tuple[MemberRecord, int]] = {}
-
-    def push(self, record: MemberRecord, sends: int) -> bool:
-        self.items.pop(record.node_id, None)
-        full = len(self.items) >= self.capacity
-        if full:
-            del self.items[min(self.items, key=lambda i: self.items[i][1])]
-        self.items[record.node_id] = (record, sends)
-        return not full
-
-    def take(self, k: int) -> list[MemberRecord]:
-        chosen = heapq.nlargest(k, self.items.items(), key=lambda kv: kv[1][1])
-        for node_id, (record, left) in chosen:
-            if left <= 1:
-                del self.items[node_id]
-            else:
-                self.items[node_id] = (record, left - 1)
-        return [record for _, (record, _) in chosen]
 
 
 def record(i: int, incarnation: int = 0) -> MemberRecord:
@@ -55,7 +30,7 @@ ops = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(capacity=st.integers(1, 8), ops=ops)
 def test_the_queue_chooses_as_the_dict_did(capacity: int, ops: list[tuple[str, int, int]]) -> None:
-    queue, plain = UpdateQueue(capacity), DictQueue(capacity)
+    queue, plain = UpdateQueue(capacity), ScanQueue(capacity)
     for step, (op, a, b) in enumerate(ops):
         if op == "push":
             rec = record(a, step)
