@@ -46,6 +46,7 @@ from gossip.link_meter import LinkMeter
 
 __all__ = [
     "AUTO_CODECS",
+    "DRIFT",
     "FRUGAL",
     "ROUNDS_TO_CONSENSUS",
     "ROUNDS_WHILE_TRAINING",
@@ -71,6 +72,11 @@ FRUGAL = 1.15
 #: A probe that lost doubles the wait before the next, up to this many ``probe_s``: on a slow
 #: link each probe's deltas are the larger codec's, and the answer seldom changes.
 MAX_PROBE_GAP = 8
+
+#: What a link taught (its line of time against bytes) holds while the codec it sends with
+#: takes within this factor of what the line says, either way; past it the link has changed
+#: and is probed again.
+DRIFT = 2.0
 
 
 def pick(
@@ -149,13 +155,17 @@ class LinkCodecs:
     a fixed cost per delta does (a fast link, a busy machine); with two or more, from the line
     of time against bytes through them, which sees that fixed cost. So a smaller codec is
     tried whenever the prediction says so, and while the current codec is the only one
-    measured, the next larger is also *probed*, at once and then every ``probe_s``, twice as
-    long after each probe that lost (up to :data:`MAX_PROBE_GAP` times): the probe's deltas
-    measure it, and the next update keeps whichever scored better. Links start on sign
-    (``initial``), the smallest: a slow link is right from its first delta, and a fast one
-    measures sign and its probe within a few of its quick rounds. Measurements count for
-    ``memory_s`` after a codec's last delta, so that a link that changed (shaped, unshaped)
-    is judged by what it is now: the price is a few deltas of exploration every ``memory_s``.
+    measured, the next larger is also *probed*: the probe's deltas measure it, and the next
+    update keeps whichever scored better. Links start on sign (``initial``), the smallest: a
+    slow link is right from its first delta, and a fast one measures sign and its probe within
+    a few of its quick rounds. Measurements count for ``memory_s`` after a codec's last delta,
+    so that a link that changed (shaped, unshaped) is judged by what it is now. The line they
+    drew is kept past that: while the codec a link sends with takes within :data:`DRIFT` of
+    what the line says, the link is the one that was measured, and the line, scaled to the
+    current codec's time, predicts the others without another probe. A probe's deltas are the
+    larger codec's, which on a slow link is what the choice was made to avoid; so a link is
+    probed when it has no line yet or has left it, at once, and then every ``probe_s``, twice
+    as long after each probe that lost (up to :data:`MAX_PROBE_GAP` times).
     The pick is :func:`pick`'s; a link not yet measured sends with ``initial``. One codec for
     all links (:meth:`update_all`) scores each codec by its slowest link, since such a round
     is done when every link has carried it.
@@ -206,6 +216,7 @@ class LinkCodecs:
         self._probed_at: dict[str, float] = {}
         self._probing: dict[str, str] = {}  # the codec a link is probing
         self._probe_gap: dict[str, float] = {}  # seconds between its probes, now
+        self._lines: dict[str, tuple[float, float]] = {}  # what each link's codecs taught
 
     def update(
         self, meters: Mapping[str, LinkMeter], compute_s: float, now: float
@@ -214,42 +225,66 @@ class LinkCodecs:
         chosen = {}
         for peer, meter in meters.items():
             current = self.chosen.get(peer, self.initial)
-            times = self._times(meter, current, now)
+            times = self._times(peer, meter, current, now)
             chosen[peer] = (
                 current if times is None else self._decide(peer, current, *times, compute_s, now)
             )
         self.chosen = chosen
-        for kept in (self._probed_at, self._probing, self._probe_gap):
-            for gone in kept.keys() - chosen.keys():
-                del kept[gone]
+        self._forget(chosen.keys())
         return dict(chosen)
 
     def update_all(self, meters: Mapping[str, LinkMeter], compute_s: float, now: float) -> str:
         """The one codec of every link now: each codec's time is its slowest link's (the links
         that have not measured the current codec yet are left out)."""
         current = self.chosen.get(self.ALL, self.initial)
-        known = [t for m in meters.values() if (t := self._times(m, current, now)) is not None]
+        known = [t for p, m in meters.items() if (t := self._times(p, m, current, now)) is not None]
         if known:
             worst = {c: max(times[c] for times, _ in known) for c in self.candidates}
             current = self._decide(
                 self.ALL, current, worst, min(n for _, n in known), compute_s, now
             )
         self.chosen = {self.ALL: current}
+        self._lines = {p: line for p, line in self._lines.items() if p in meters}
         return current
 
+    def _forget(self, links: Iterable[str]) -> None:
+        """Keep nothing of the links not among ``links`` (they closed)."""
+        kept = set(links)
+        for state in (self._probed_at, self._probing, self._probe_gap, self._lines):
+            for gone in state.keys() - kept:
+                del state[gone]
+
     def _times(
-        self, meter: LinkMeter, current: str, now: float
+        self, peer: str, meter: LinkMeter, current: str, now: float
     ) -> tuple[dict[str, float], int] | None:
-        """Each codec's delta time on the link, measured or predicted, and how many were
-        measured; None while the current codec's deltas are still being measured."""
+        """Each codec's delta time on the link, measured or predicted, and how many codecs
+        the prediction rests on (a kept line counts as two); None while the current codec's
+        deltas are still being measured."""
         measured = {
             c: t for c in self.candidates if (t := meter.delta_s(c, now, self.memory_s)) is not None
         }
         if current not in measured:
             return None
-        fixed, per_byte = self._fit(measured)
+        known = len(measured)
+        if known >= 2:
+            fixed, per_byte = self._lines[peer] = self._fit(measured)
+        else:
+            fixed, per_byte = self._held(peer, current, measured[current])
+            known += peer in self._lines
         times = {c: measured.get(c, fixed + per_byte * self.nbytes[c]) for c in self.candidates}
-        return times, len(measured)
+        return times, known
+
+    def _held(self, peer: str, codec: str, took: float) -> tuple[float, float]:
+        """With only ``codec`` measured, its ``took`` seconds a delta: the link's kept line
+        scaled to that time, while it is within :data:`DRIFT` of the line; otherwise (the
+        link changed, the line is dropped) all of it in the codec's bytes."""
+        line = self._lines.get(peer)
+        if line is not None:
+            said = line[0] + line[1] * self.nbytes[codec]
+            if said > 0 and 1 / DRIFT <= took / said <= DRIFT:
+                return line[0] * took / said, line[1] * took / said
+            del self._lines[peer]
+        return self._fit({codec: took})
 
     def _decide(
         self,

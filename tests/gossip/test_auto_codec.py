@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gossip.clock import ManualClock
-from gossip.codec_choice import LinkCodecs
+from gossip.codec_choice import DRIFT, LinkCodecs
 from gossip.codecs import AUTO_CODECS, AutoCodec, CodecError, get_codec
 from gossip.link import Link as LinkMachine
 from gossip.link import LinkConfig, SendDelta, SendSnapshot
@@ -178,6 +178,37 @@ def test_a_probe_that_lost_waits_twice_as_long_before_the_next() -> None:
     assert not codecs._probe_gap
     assert not codecs._probing
     assert not codecs._probed_at
+
+
+def test_a_link_keeps_what_it_learned_and_is_probed_again_only_when_it_changed() -> None:
+    """A probe's deltas are the larger codec's: once a link has measured two codecs, the line
+    through them predicts the others long after the measurements aged out, scaled to what the
+    current codec takes now, until the link leaves it by more than DRIFT."""
+    codecs = LinkCodecs(MLP, memory_s=10.0, probe_s=5.0)
+    home = Link(HOME)
+    home.carry("sign")
+    assert codecs.update({"h": home.meter}, 0.002, home.now) == {"h": "int4"}  # at once
+    home.carry("int4", 3)
+    assert codecs.update({"h": home.meter}, 0.002, home.now) == {"h": "sign"}  # it lost
+    for _ in range(5):  # a minute on, int4's time is long forgotten: no probe all the while
+        home.now += 12.0
+        home.carry("sign")
+        assert codecs.update({"h": home.meter}, 0.002, home.now) == {"h": "sign"}
+    home.took = {c: 1.5 * t for c, t in HOME.items()}  # a third slower: the same line, scaled
+    home.now += 12.0
+    home.carry("sign")
+    assert codecs.update({"h": home.meter}, 0.002, home.now) == {"h": "sign"}
+    assert "h" in codecs._lines
+    home.took = {c: t / DRIFT / 2 for c, t in HOME.items()}  # unshaped: a changed link
+    home.now += 12.0
+    home.carry("sign")
+    assert codecs.update({"h": home.meter}, 0.002, home.now) == {"h": "int4"}  # probed again
+    assert "h" not in codecs._lines
+    home.carry("int4", 3)
+    codecs.update({"h": home.meter}, 0.002, home.now)
+    assert "h" in codecs._lines  # the new line, learned from the probe
+    assert codecs.update({}, 0.002, home.now) == {}
+    assert not codecs._lines  # the link closed: its line goes with it
 
 
 def test_one_codec_for_all_links_is_scored_by_the_slowest() -> None:
