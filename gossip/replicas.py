@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from gossip.clock import Clock
-from gossip.codecs import AutoCodec, Codec, CodecError, Encoded, NonFiniteError
+from gossip.codecs import AutoCodec, Codec, CodecError, Encoded, NonFiniteError, all_finite
 
 __all__ = [
     "GossipError",
@@ -392,7 +392,7 @@ class GossipState:
         value = self.codec.decode(payload, self.device)  # validates values before any change
         replica = self.replicas[peer]
         value += replica.value  # into the decoded buffer: the replica changes only if finite
-        if not bool(torch.isfinite(value).all()):
+        if not all_finite(value):
             raise NonFiniteError(f"the delta from {peer} would overflow its replica")
         self._check_plausible(peer, value, "delta")
         replica.value = value
@@ -429,7 +429,7 @@ class GossipState:
         self.check_snapshot(peer, session, seq, values.numel())
         if values.dtype != torch.float32 or values.dim() != 1:
             raise CodecError("a snapshot is a flat float32 vector")
-        if not bool(torch.isfinite(values).all()):
+        if not all_finite(values):
             raise CodecError("snapshot holds non-finite values")
         self._check_plausible(peer, values, "snapshot")
         self._check_consistent(peer, values)

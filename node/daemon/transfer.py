@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import torch
 
-from gossip.codecs import tensor_from_bytes
+from gossip.codecs import all_finite, tensor_from_bytes
 from gossip.messages import ModelChunk
 from node.telemetry.progress import TransferProgress
 from node.transport.base import Reason, Rejected
@@ -45,7 +45,7 @@ async def receive_model(
             )
         part = tensor_from_bytes(chunk.data, torch.float32)
         # Checked chunk by chunk: a check of the whole buffer would allocate a model's worth.
-        if not bool(torch.isfinite(part).all()):
+        if not all_finite(part):
             raise Rejected(Reason.NON_FINITE, f"the model holds non-finite values at {filled}")
         buffer[filled : filled + n] = part
         filled, step = filled + n, chunk.step

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gossip.codecs import CODECS, CodecError, Encoded, NonFiniteError, get_codec
+from gossip.codecs import CODECS, CodecError, Encoded, NonFiniteError, all_finite, get_codec
 
 ALL = sorted(name for name, codec in CODECS.items() if not codec.uses_fraction)
 LOSSY_UNBIASED = ["fp16", "int8", "int4"]
@@ -236,3 +236,31 @@ def test_codec_names() -> None:
     assert type(get_codec("none")) is type(get_codec("fp32"))
     with pytest.raises(ValueError, match="unknown codec 'int3'"):
         get_codec("int3")
+
+
+def test_sign_packs_value_j_of_each_eight_into_bit_j() -> None:
+    """The wire layout, pinned: byte i holds the signs of values 8i..8i+7, value 8i+j in bit j
+    (set for >= 0), so every version of a node reads every other's sign deltas alike."""
+    x = torch.tensor(
+        [1.0, -1.0, -2.0, 3.0, 0.0, -0.5, -4.0, 2.0, -1.0, -1.0, -1.0, -1.0] + [1.0] * 4
+    )
+    enc = get_codec("sign", 16).encode(x)
+    assert enc.data == bytes([0b10011001, 0b11110000])
+    assert struct.unpack("<f", enc.scales) == pytest.approx([x.abs().mean().item()])
+    signs = get_codec("sign", 16).decode(enc) / struct.unpack("<f", enc.scales)[0]
+    assert torch.equal(signs, torch.where(x >= 0, 1.0, -1.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_all_finite_answers_for_every_value_even_when_the_sum_overflows(
+    dtype: torch.dtype,
+) -> None:
+    big = torch.finfo(dtype).max
+    assert all_finite(torch.tensor([big, big, 1.0], dtype=dtype))  # the sum overflows; no value
+    assert all_finite(torch.empty(0, dtype=dtype))
+    for bad in (math.inf, -math.inf, math.nan):
+        v = torch.ones(1000, dtype=dtype)
+        v[617] = bad
+        assert not all_finite(v)
+    opposite = torch.tensor([math.inf, -math.inf], dtype=dtype)  # sums to NaN
+    assert not all_finite(opposite)
