@@ -13,6 +13,8 @@ its link.
 A murmur system is ``CODEC`` (the static exponential graph, one public copy), or ``CODEC@GRAPH``
 with a copy per link (``--pace link``): ``int8@link`` on the static exponential graph,
 ``int8@one-peer-exponential`` or ``int8@epidemic`` for a time-varying schedule over its links.
+Either may end in ``/RATE``: the nodes run with ``--max-upload-rate RATE`` (bytes a second),
+``auto/1250000`` for half of a 20 Mbit/s link.
 
 Needs root (namespaces and tc). Each node gets namespace ``mmb-n<i>`` with an ``eth0`` on a bridge
 in the root namespace; ``scripts/shape-link`` shapes both directions of its link (the node's
@@ -192,12 +194,15 @@ def _task() -> Any:
 
 
 def murmur_gossip(system: str) -> GossipConfig:
-    """``CODEC`` or ``CODEC@GRAPH`` (see the module's docstring) as the nodes' gossip settings."""
+    """``CODEC``, ``CODEC@GRAPH`` or either with ``/RATE`` (see the module's docstring) as the
+    nodes' gossip settings."""
+    system, _, cap = system.partition("/")
+    rate = float(cap) if cap else None
     codec, _, graph = system.partition("@")
     if not graph:
-        return GossipConfig(codec=codec)
+        return GossipConfig(codec=codec, max_upload_rate=rate)
     topology = "exponential" if graph == "link" else graph
-    return GossipConfig(codec=codec, topology=topology, pace="link")
+    return GossipConfig(codec=codec, topology=topology, pace="link", max_upload_rate=rate)
 
 
 async def murmur_run(
