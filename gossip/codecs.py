@@ -128,6 +128,24 @@ class Fp16Codec(Codec):
             raise CodecError("fp16 payload values must lie in [-1, 1]")
 
 
+#: Lookup tables of the packed codecs, row b for byte b: sign's eight signs (+1 for a set bit,
+#: -1 for a clear one, lowest bit first), int4's two levels (low nibble first, each less 8).
+#: Decoding is one gather of rows and the scales in place: a fifth of the time of unpacking
+#: with masks (1.1M values: 0.7 ms against 3.6 ms for sign).
+_SIGNS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).to(torch.float32) * 2 - 1
+_NIBBLES = ((torch.arange(256)[:, None] >> torch.tensor([0, 4])) & 0x0F).to(torch.float32) - 8
+_TABLES_ON: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _table_on(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``table`` on ``device`` (copied there once)."""
+    key = (id(table), device)
+    found = _TABLES_ON.get(key)
+    if found is None:
+        found = _TABLES_ON[key] = table.to(device)
+    return found
+
+
 class _IntCodec(Codec):
     """Symmetric integer levels [-L, L] with scale absmax / L and stochastic rounding."""
 
@@ -186,26 +204,13 @@ class Int4Codec(_IntCodec):
         return nibbles[:, 0] | (nibbles[:, 1] << 4), scales
 
     def _dequantize(self, codes: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
-        nibbles = torch.stack([codes & 0x0F, codes >> 4], dim=1).view(-1)
-        return self._from_levels(nibbles.to(torch.int8) - 8, scales, numel)
+        levels = _table_on(_NIBBLES, codes.device).index_select(0, codes.to(torch.int32))
+        return levels.view(-1, self.block_size).mul_(scales[:, None]).view(-1)[:numel]
 
     def _validate_values(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
         super()._validate_values(codes, scales)
         if bool(((codes & 0x0F) == 0).any() | ((codes >> 4) == 0).any()):
             raise CodecError("int4 payload holds nibble 0 (-8), outside the levels [-7, 7]")
-
-
-#: Row b: the eight signs (+1 for a set bit, -1 for a clear one, lowest bit first) of byte b.
-_SIGNS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).to(torch.float32) * 2 - 1  # (256, 8)
-_SIGNS_ON: dict[torch.device, torch.Tensor] = {}
-
-
-def _signs_on(device: torch.device) -> torch.Tensor:
-    """:data:`_SIGNS` on ``device`` (copied there once)."""
-    table = _SIGNS_ON.get(device)
-    if table is None:
-        table = _SIGNS_ON[device] = _SIGNS.to(device)
-    return table
 
 
 class SignCodec(Codec):
@@ -230,9 +235,7 @@ class SignCodec(Codec):
         return codes, scales
 
     def _dequantize(self, codes: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
-        # One gather of each byte's eight signs, then the scales in place: a fifth of the time
-        # of unpacking the bits with masks (1.1M values: 0.7 ms against 3.6 ms).
-        signs = _signs_on(codes.device).index_select(0, codes.to(torch.int32))
+        signs = _table_on(_SIGNS, codes.device).index_select(0, codes.to(torch.int32))
         return signs.view(-1, self.block_size).mul_(scales[:, None]).view(-1)[:numel]
 
 
