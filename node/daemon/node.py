@@ -44,6 +44,7 @@ from gossip.codecs import AutoCodec, Codec
 from gossip.messages import TaskFingerprint
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState, UpdateGuard
+from gossip.upload_cap import BUDGET_CHARGE
 from node.config import NodeConfig
 from node.daemon.budget_keeper import BudgetKeeper
 from node.daemon.checkpoint import CHECKPOINT_FILE, Checkpoint
@@ -52,7 +53,6 @@ from node.daemon.flat import FlatParams
 from node.daemon.gossiper import Gossiper
 from node.daemon.inbound import Inbound
 from node.daemon.joiner import Joiner
-from node.daemon.pacing import BUDGET_CHARGE
 from node.daemon.pause import PULL_AFTER_PAUSE_S, Pauser
 from node.daemon.peers import JoinError, Peers
 from node.daemon.port import DaemonPort

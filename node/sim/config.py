@@ -175,8 +175,6 @@ class SimConfig:
             raise ValueError("wait_timeout_s must be positive")
         if self.steps == 0 and self.gossip.idle_round_interval_s is None:
             raise ValueError("gossip alone (steps 0) needs idle rounds: set idle_round_interval_s")
-        if self.gossip.max_upload_rate is not None:
-            raise ValueError("the simulator does not model --max-upload-rate yet: leave it off")
         if not 0 <= self.budgeted_fraction <= 1:
             raise ValueError("budgeted_fraction is a share of the nodes, in [0, 1]")
         if self.budgeted_fraction < 1 and self.gossip.byte_budget is None:

@@ -18,6 +18,7 @@ usual answer time), then no longer holds up the node's rounds, as in the daemon.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Protocol
 
@@ -28,6 +29,7 @@ from gossip.link import Link, LinkConfig, LinkStats, SendDelta
 from gossip.messages import Delta, Member, SnapshotHeader
 from gossip.outbox import Outbox
 from gossip.replicas import GossipState
+from gossip.upload_cap import UploadCap
 from node.daemon.links import transfer_timeout_s
 from node.sim.world import World
 from node.telemetry.events import Counters
@@ -68,6 +70,11 @@ class LinkOwner(Protocol):
     @property
     def budget(self) -> ByteBudget | None:
         """What the link's sends spend (None: no budget)."""
+        ...
+
+    @property
+    def upload_cap(self) -> UploadCap | None:
+        """What the link's models wait for (None: no cap)."""
         ...
 
     def delta_nbytes(self, delta: Delta) -> tuple[int, int]: ...
@@ -171,7 +178,24 @@ class SimLink:
                 lossy=False,
             )
 
-        sim.network.send(owner.address, self.peer.address, nbytes, arrive, lossy=False)
+        def send() -> None:
+            sim.network.send(owner.address, self.peer.address, nbytes, arrive, lossy=False)
+
+        self._after_cap(nbytes, send)
+
+    def _after_cap(self, nbytes: int, send: Callable[[], None]) -> None:
+        """``send`` now, or when the owner's upload cap lets ``nbytes`` go, as the daemon's
+        links wait for it."""
+        cap = self.owner.upload_cap
+        if cap is None:
+            send()
+            return
+        now = self._events.now()
+        at = cap.reserve(nbytes, now)
+        if at > now:
+            self._events.at(at, send)
+        else:
+            send()
 
     def _snapshot_answered(self, epoch: int, nbytes: int, result: int | Rejected) -> None:
         if isinstance(result, Rejected):
@@ -190,12 +214,6 @@ class SimLink:
         owner, sim, network = self.owner, self._sim, self._network
         delta, epoch = command.delta, command.epoch
         nbytes, fp32_nbytes = owner.delta_nbytes(delta)
-        self.stats.bytes_sent += nbytes
-        counters = owner.counters
-        counters.bytes_sent += nbytes
-        counters.bytes_sent_fp32 += fp32_nbytes
-        if owner.budget is not None:
-            owner.budget.spend(nbytes)  # as the daemon's Outflow counts it
         src, dst = owner.address, self.peer.address
         stream = (owner.node_id, epoch)
 
@@ -209,12 +227,23 @@ class SimLink:
                 result = err
             network.send(dst, src, REPLY_BYTES, partial(self._delta_answered, epoch, result), False)
 
-        if not network.send(src, dst, nbytes, arrive):
-            # Lost: on a stream that is a broken connection, which the sender notices about a
-            # round trip later (a reset), as the in-memory transport's dropped send and gRPC's
-            # broken stream both surface as Unreachable. Deltas sent meanwhile arrive after a
-            # gap and are refused, unread; the resync's snapshot covers them all.
-            self._events.after(2 * network.latency(src, dst), partial(self._failed, epoch))
+        def send() -> None:
+            if epoch != self.machine.epoch or self.machine.closed:
+                return  # the stream it waited to go on is gone, as the daemon's would be
+            self.stats.bytes_sent += nbytes
+            counters = owner.counters
+            counters.bytes_sent += nbytes
+            counters.bytes_sent_fp32 += fp32_nbytes
+            if owner.budget is not None:
+                owner.budget.spend(nbytes)  # as the daemon's Outflow counts it
+            if not network.send(src, dst, nbytes, arrive):
+                # Lost: on a stream that is a broken connection, which the sender notices about
+                # a round trip later (a reset), as the in-memory transport's dropped send and
+                # gRPC's broken stream both surface as Unreachable. Deltas sent meanwhile arrive
+                # after a gap and are refused, unread; the resync's snapshot covers them all.
+                self._events.after(2 * network.latency(src, dst), partial(self._failed, epoch))
+
+        self._after_cap(nbytes, send)
 
     def _delta_answered(self, epoch: int, result: int | Rejected) -> None:
         if isinstance(result, Rejected):

@@ -32,11 +32,11 @@ from gossip.refusals import Reason
 from gossip.relays import choose_relays
 from gossip.replicas import GossipState, UpdateGuard
 from gossip.swim import MemberRecord, Outgoing, Swim, SwimMessage
+from gossip.upload_cap import BUDGET_CHARGE, UploadCap
 from node.daemon.dialout import PROBE_EVERY_S, PROBE_MISSES, PROBE_TIMEOUT_S
 from node.daemon.flat import FlatParams
 from node.daemon.inbound import Inbound
 from node.daemon.neighbourhood import Neighbourhood
-from node.daemon.pacing import BUDGET_CHARGE
 from node.daemon.pause import PULL_AFTER_PAUSE_S
 from node.daemon.peers import LEAVE_FANOUT
 from node.daemon.steps import run_here
@@ -141,6 +141,10 @@ class SimNode:
             ByteBudget(budget_cfg, sim.clock, BUDGET_CHARGE)
             if budget_cfg is not None and budgeted
             else None
+        )
+        #: The upload cap (gossip/upload_cap.py): its links' models wait for it, as the daemon's.
+        self.upload_cap = (
+            UploadCap(g.max_upload_rate, sim.clock.now()) if g.max_upload_rate is not None else None
         )
         self.mixer = Mixer(self.state, mix, outer, budget=self.budget)
         self.link_cfg = LinkConfig(queue=g.link_queue, call_timeout_s=g.call_timeout_s)

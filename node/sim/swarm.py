@@ -422,8 +422,21 @@ class Simulation:
             node.pulled_from = source.node_id
             nbytes = wire.model_nbytes(values.numel(), source.step)
             self.pull_bytes += nbytes
-            self.network.send(
-                source.address, node.address, nbytes, lambda: pulled(values), lossy=False
+
+            def send() -> None:
+                self.network.send(
+                    source.address, node.address, nbytes, lambda: pulled(values), lossy=False
+                )
+
+            cap = source.upload_cap
+            if cap is None:
+                send()
+                return
+            # Served in chunks at the cap's pace, as the daemon's port serves it: it is all
+            # there once the last chunk may go.
+            now = self.events.now()
+            self.events.at(
+                cap.reserve(nbytes, now) + max(0.0, nbytes - cap.capacity) / cap.model_rate, send
             )
 
         def pulled(values: torch.Tensor) -> None:

@@ -5,7 +5,9 @@ as much as it allows when they have more to send."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from node.daemon.pacing import (
     UploadPacer,
 )
 from node.settings_sources import SettingsError, load_settings
-from node.sim import SimConfig
+from node.sim import SimConfig, Simulation
 from tests.vtime import runtime, virtual, virtual_now
 
 RATE = 200_000.0
@@ -69,12 +71,10 @@ async def test_a_message_bigger_than_the_bucket_waits_for_a_full_one_and_leaves_
     assert virtual_now() - began == pytest.approx((big - pacer.capacity + 1_000) / pacer.model_rate)
 
 
-def test_murmur_swarm_hands_the_cap_to_its_nodes_and_the_simulator_refuses_it() -> None:
+def test_murmur_swarm_hands_the_cap_to_its_nodes() -> None:
     gossip = GossipConfig(max_upload_rate=250_000)
     argv = node_argv(SwarmConfig(gossip=gossip), 1, Path("state"), None)
     assert argv[argv.index("--max-upload-rate") + 1] == "250000"
-    with pytest.raises(ValueError, match="does not model --max-upload-rate"):
-        SimConfig(nodes=4, gossip=gossip)
 
 
 def test_a_cap_below_what_membership_needs_is_refused() -> None:
@@ -96,3 +96,37 @@ def test_a_rate_is_read_with_its_units(written: str, rate: int) -> None:
     settings = load_settings(environ={}, flags={"gossip.max_upload_rate": written})
     assert settings.gossip.max_upload_rate == rate
     assert load_settings(environ={}).gossip.max_upload_rate is None  # no cap unless asked
+
+
+def test_the_simulator_holds_a_capped_swarm_under_its_cap_as_the_daemon_does() -> None:
+    gossip = GossipConfig(codec="int8")
+    base = SimConfig(
+        nodes=4, duration_s=20.0, eval_every_s=5.0, target_accuracy=0.75, gossip=gossip
+    )
+    free = Simulation(base)
+    free.run()
+    cap = 3.0 * MIN_UPLOAD_RATE  # under half of what the swarm sends uncapped
+    cfg = dataclasses.replace(base, gossip=dataclasses.replace(base.gossip, max_upload_rate=cap))
+    capped = Simulation(cfg)
+    sends: dict[str, list[tuple[float, int]]] = {a: [] for a in capped.nodes}
+    send = capped.network.send
+
+    def logged(
+        src: str, dst: str, nbytes: int, deliver: Callable[[], None], lossy: bool = True
+    ) -> bool:
+        sends[src].append((capped.events.now(), nbytes))
+        return send(src, dst, nbytes, deliver, lossy)
+
+    capped.network.send = logged  # type: ignore[method-assign]
+    summary = capped.run()
+    model_rate = cap * (1 - MEMBERSHIP_SHARE) / WIRE_OVERHEAD
+    for node in capped.nodes.values():
+        # Everything the node put on its uplink, membership included, is under the cap over
+        # any window of 5 s (the simulated wire has no framing: the cap's overhead is slack).
+        assert most_in_any_window(sends[node.address], 5.0) <= cap * (5.0 + BURST_S)
+        # ... and its models used what the cap left them: more to send than it allows.
+        assert node.counters.bytes_sent >= 0.8 * model_rate * base.duration_s
+        assert node.counters.bytes_sent <= model_rate * (base.duration_s + BURST_S) + 4 * 330
+    free_bytes = min(n.counters.bytes_sent for n in free.nodes.values())
+    assert free_bytes > 2 * max(n.counters.bytes_sent for n in capped.nodes.values())
+    assert summary.target_worst_s is not None  # and the capped swarm still got there
