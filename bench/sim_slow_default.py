@@ -11,7 +11,8 @@ process of its own, ``--jobs`` at a time; times are simulated seconds, sampled e
 table: seconds until the averaged model and the worst node reached 0.95, the worst node's
 accuracy at the end, MB a node sent (deltas and snapshots, as the daemon counts them) and its
 share of what the uplink could carry in the run, rounds a node made, and for ``auto`` the codec
-each node's rounds ended on.
+each node's rounds ended on. A codec may end in ``/RATE``: its nodes run with
+``--max-upload-rate RATE`` (bytes a second), e.g. ``sign/1250000`` for half of a 20 Mbit/s link.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def _secs(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def run(codec: str, args: argparse.Namespace) -> str:
+def run(system: str, args: argparse.Namespace) -> str:
     torch.set_num_threads(1)
     rate = args.rate * 1e6 / 8
+    codec, _, cap = system.partition("/")
     cfg = SimConfig(
         nodes=args.nodes,
         task="bench.wide_task:make_task",
@@ -47,7 +49,7 @@ def run(codec: str, args: argparse.Namespace) -> str:
         eval_every_s=0.5,
         target_accuracy=0.95,
         step_time_s=0.02,
-        gossip=GossipConfig(codec=codec),
+        gossip=GossipConfig(codec=codec, max_upload_rate=float(cap) if cap else None),
         net=NetConfig(latency_s=(args.delay, args.delay), bandwidth_bps=rate),
     )
     began = time.perf_counter()
@@ -57,7 +59,7 @@ def run(codec: str, args: argparse.Namespace) -> str:
     shown = ", ".join(f"{c} {k}" for c, k in sorted(ended.items())) if codec == "auto" else ""
     sent = s.bytes_per_node
     return (
-        f"| {codec} | {_secs(s.target_avg_s)} | {_secs(s.target_worst_s)} | "
+        f"| {system} | {_secs(s.target_avg_s)} | {_secs(s.target_worst_s)} | "
         f"{s.final.worst_accuracy:.3f} | {sent / 1e6:.1f} | {sent / (rate * args.duration):.2f} | "
         f"{s.final.rounds_per_node:.0f} | {shown} | {time.perf_counter() - began:.0f} |"
     )
