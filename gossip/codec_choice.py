@@ -218,6 +218,12 @@ class LinkCodecs:
         self._probe_gap: dict[str, float] = {}  # seconds between its probes, now
         self._lines: dict[str, tuple[float, float]] = {}  # what each link's codecs taught
 
+    @property
+    def probing(self) -> Mapping[str, str]:
+        """The links whose codec now is a probe (of the next larger codec), by link: what
+        they would send with otherwise is the next smaller."""
+        return dict(self._probing)
+
     def update(
         self, meters: Mapping[str, LinkMeter], compute_s: float, now: float
     ) -> dict[str, str]:

@@ -117,6 +117,7 @@ class LinkStats:
     bytes_sent: int = 0
     deltas_sent: int = 0
     snapshots_sent: int = 0  # answered ones
+    named: int = 0  # of them, those that named the model by its digest (gossip/digest.py)
     failures: int = 0  # refusals other than gaps and stale messages, and failures to reach it
 
 
@@ -179,6 +180,9 @@ class Link:
         #: Why the last epoch ended badly (a refusal's reason, or "unreachable"); None while
         #: nothing went wrong since the link last streamed.
         self.last_problem: str | None = None
+        #: A snapshot of the model the node started from may go by its digest
+        #: (gossip/digest.py): until the neighbour said it holds no such model.
+        self.may_name = True
 
     # -- what the node asks -------------------------------------------------------------------
 
@@ -301,6 +305,8 @@ class Link:
         self.meter.lost()
         treat = refusal(reason)
         self.last_problem = f"a refusal ({reason})"
+        if reason is Reason.UNKNOWN_BASE:
+            self.may_name = False
         if treat.resync:
             return treat  # the snapshot repairs it, now
         self.stats.failures += 1

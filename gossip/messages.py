@@ -25,8 +25,13 @@ __all__ = [
     "TaskFingerprint",
 ]
 
-#: Bumped on any incompatible change of the wire schema or of its meaning.
-PROTOCOL_VERSION = 2
+#: Bumped on any incompatible change of the wire schema or of its meaning. 3: a snapshot may
+#: name its model by digest (``SnapshotHeader.digest``), which a node of 2 would take for a
+#: snapshot cut short.
+PROTOCOL_VERSION = 3
+
+#: Bytes of a model's digest (SHA-256, gossip/digest.py).
+DIGEST_BYTES = 32
 
 NodeId = str
 
@@ -162,6 +167,8 @@ class SnapshotHeader:
     numel: int
     degree: int = 0
     protocol_version: int = PROTOCOL_VERSION
+    #: Set: x̂_i is the model of this digest (gossip/digest.py), and no values follow.
+    digest: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -172,3 +179,5 @@ class ModelChunk:
     offset: int
     data: bytes  # little-endian float32
     step: int = 0
+    #: The sender's model is the one the puller named (its only chunk, with no data).
+    same: bool = False

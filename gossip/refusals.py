@@ -64,6 +64,9 @@ class Reason(StrEnum):
     #: The node's byte budget (``--byte-budget``) does not allow the model's bytes now: a joiner
     #: pulls from another member.
     BUDGET_SPENT = "budget_spent"
+    #: A snapshot named a model by its digest (gossip/digest.py) that the receiver does not
+    #: hold: the sender sends the values.
+    UNKNOWN_BASE = "unknown_base"
 
 
 class Retry(Enum):
@@ -117,6 +120,7 @@ REFUSALS: dict[Reason, Refusal] = {
     Reason.IMPLAUSIBLE: _BAD,
     Reason.BAD_REVOCATIONS: Refusal(),
     Reason.BUDGET_SPENT: _NOT_NOW,
+    Reason.UNKNOWN_BASE: Refusal(retry=Retry.AT_ONCE, expected=True),
 }
 
 

@@ -126,24 +126,28 @@ class SwimReply(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class PullModelRequest(_message.Message):
-    __slots__ = ("protocol_version", "requester")
+    __slots__ = ("protocol_version", "requester", "have")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUESTER_FIELD_NUMBER: _ClassVar[int]
+    HAVE_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     requester: str
-    def __init__(self, protocol_version: _Optional[int] = ..., requester: _Optional[str] = ...) -> None: ...
+    have: bytes
+    def __init__(self, protocol_version: _Optional[int] = ..., requester: _Optional[str] = ..., have: _Optional[bytes] = ...) -> None: ...
 
 class ModelChunk(_message.Message):
-    __slots__ = ("numel", "offset", "data", "step")
+    __slots__ = ("numel", "offset", "data", "step", "same")
     NUMEL_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    SAME_FIELD_NUMBER: _ClassVar[int]
     numel: int
     offset: int
     data: bytes
     step: int
-    def __init__(self, numel: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., step: _Optional[int] = ...) -> None: ...
+    same: bool
+    def __init__(self, numel: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., step: _Optional[int] = ..., same: _Optional[bool] = ...) -> None: ...
 
 class EncodedTensor(_message.Message):
     __slots__ = ("codec", "numel", "block_size", "scales", "data")
@@ -184,7 +188,7 @@ class DeltaAck(_message.Message):
     def __init__(self, replica_seq: _Optional[int] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
-    __slots__ = ("protocol_version", "sender", "seq", "numel", "offset", "data", "session", "degree")
+    __slots__ = ("protocol_version", "sender", "seq", "numel", "offset", "data", "session", "degree", "digest")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +197,7 @@ class SnapshotChunk(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     DEGREE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     sender: str
     seq: int
@@ -201,7 +206,8 @@ class SnapshotChunk(_message.Message):
     data: bytes
     session: int
     degree: int
-    def __init__(self, protocol_version: _Optional[int] = ..., sender: _Optional[str] = ..., seq: _Optional[int] = ..., numel: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., session: _Optional[int] = ..., degree: _Optional[int] = ...) -> None: ...
+    digest: bytes
+    def __init__(self, protocol_version: _Optional[int] = ..., sender: _Optional[str] = ..., seq: _Optional[int] = ..., numel: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., session: _Optional[int] = ..., degree: _Optional[int] = ..., digest: _Optional[bytes] = ...) -> None: ...
 
 class SnapshotAck(_message.Message):
     __slots__ = ("replica_seq",)

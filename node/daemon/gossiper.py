@@ -22,6 +22,7 @@ import torch
 
 from gossip.budget import ByteBudget
 from gossip.clock import Clock
+from gossip.digest import model_digest
 from gossip.messages import Delta, SnapshotHeader
 from gossip.mixing import MixConfig, Mixer, Round
 from gossip.outer import OuterNesterov
@@ -107,6 +108,10 @@ class Gossiper:
             torch.Generator(device=state.device).manual_seed(0),
             budget,
         )
+        #: The digest of the model this node started from (gossip/digest.py): a snapshot of
+        #: it goes by name, since at start-up the neighbours hold it too (b"": none goes by
+        #: name; the node resumed from a checkpoint, or pulled a trained model's values).
+        self.start_digest = model_digest(state.public)
         #: The neighbours whose public copy this node holds, as the worker last published it
         #: (an immutable set, so the event loop may read it without touching the state).
         self.replicated: frozenset[str] = frozenset()
@@ -203,9 +208,13 @@ class Gossiper:
 
         return self._pool.submit(work)
 
-    async def snapshot(self, peer: str = "") -> tuple[SnapshotHeader, torch.Tensor]:
+    async def snapshot(
+        self, peer: str = "", may_name: bool = False
+    ) -> tuple[SnapshotHeader, torch.Tensor]:
         """x̂ as a host tensor with its header, for a neighbour that needs to (re)start a
-        replica; with a copy per link, that link's copy, started afresh at the model."""
+        replica; with a copy per link, that link's copy, started afresh at the model. With
+        ``may_name``, a snapshot of the model the node started from is named by its digest
+        (the header says it; the values are still returned)."""
 
         def work() -> tuple[SnapshotHeader, torch.Tensor]:
             if self.state.per_link:
@@ -214,8 +223,11 @@ class Gossiper:
                 seq, values = self.state.snapshot_for(peer, x)
             else:
                 seq, values = self.state.snapshot()
+            named = b""
+            if may_name and (digest := model_digest(values)) == self.start_digest:
+                named = digest
             header = SnapshotHeader(
-                self.node_id, self.state.session, seq, values.numel(), self._degree
+                self.node_id, self.state.session, seq, values.numel(), self._degree, digest=named
             )
             return header, values.cpu()
 
@@ -230,14 +242,17 @@ class Gossiper:
 
         return await self._on_worker(work)
 
-    async def adopt(self, values: torch.Tensor, session: int) -> None:
+    async def adopt(self, values: torch.Tensor, session: int, held: bool = False) -> None:
         """Take ``values`` (a neighbour's model) as this node's model and public copy, and start
-        a new log so that neighbours resync from it."""
+        a new log so that neighbours resync from it. ``held``: the swarm holds that model (a
+        pull answered by name), so snapshots of it may go by name; a model whose values came
+        is one the neighbours' public copies left behind."""
 
         def work() -> None:
             with self.model_lock:
                 self.flat.flat.copy_(values)
             self.state.restart(self.flat.flat.detach(), session)  # copied into x̂
+            self.start_digest = model_digest(self.state.public) if held else b""
 
         await self._on_worker(work)
 

@@ -23,6 +23,7 @@ import torch
 
 from gossip.clock import Clock
 from gossip.codecs import CodecError
+from gossip.digest import find_model
 from gossip.messages import PROTOCOL_VERSION, Delta, SnapshotHeader
 from gossip.refusals import Reason, reason_of
 from gossip.replicas import GossipError, GossipState
@@ -140,11 +141,23 @@ class Inbound:
     def apply_snapshot(
         self, header: SnapshotHeader, values: torch.Tensor, nbytes: int
     ) -> Steps[int]:
-        """Replace the sender's replica by its public copy (after :meth:`open_snapshot`)."""
+        """Replace the sender's replica by its public copy (after :meth:`open_snapshot`): the
+        ``values`` sent, or for a snapshot named by its digest, the model of that digest this
+        node holds (its own public copy or a replica: at start-up every node holds the
+        swarm's one starting model), refused as ``unknown_base`` when it holds none."""
         h, state = header, self.state
 
         def work() -> int:
-            seq = state.receive_snapshot(h.sender, h.session, h.seq, values, 0, h.degree)
+            taken = values
+            if h.digest:
+                held = [state.public, *(r.value for r in state.replicas.values())]
+                found = find_model(h.digest, held)
+                if found is None:  # a miss, not a fault: neither counted nor held against it
+                    raise Rejected(
+                        Reason.UNKNOWN_BASE, "the snapshot names a model this node does not hold"
+                    )
+                taken = found
+            seq = state.receive_snapshot(h.sender, h.session, h.seq, taken, 0, h.degree)
             self._on_replicas()
             return seq
 

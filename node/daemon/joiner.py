@@ -8,12 +8,14 @@ from members until two agree, so that it starts near consensus.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Sequence
 
 import torch
 
+from gossip.digest import model_digest
 from gossip.refusals import REFUSALS
 from gossip.replicas import UpdateGuard, agreeing_pair, relative_distance
 from node.config import NodeConfig
@@ -223,14 +225,18 @@ class Joiner:
         numel = self.flat.numel
         pulled: list[tuple[str, torch.Tensor, int]] = []
         started = self.runtime.clock.now()
+        # Named in the request: a member whose model is this one (the swarm's starting model,
+        # at start-up) says so instead of sending it.
+        initial = self.flat.flat.detach().to("cpu", copy=True)
+        have = await asyncio.to_thread(model_digest, initial)
         for address in candidates:
             if len(pulled) >= MAX_PULLS:
                 break
             log.info("pulling the swarm's model (%.1f MB) from %s", 4 * numel / 1e6, address)
             timeout_s = transfer_timeout_s(g.call_timeout_s, 4 * numel)
-            chunks = self.transport.call_pull_model(address, self.node_id, timeout_s)
+            chunks = self.transport.call_pull_model(address, self.node_id, timeout_s, have)
             try:
-                buffer, step = await receive_model(chunks, numel, address)
+                buffer, step = await receive_model(chunks, numel, address, initial)
             except (Rejected, Unreachable) as err:
                 log.warning("could not pull the model from %s: %s", address, err)
                 continue
@@ -241,13 +247,14 @@ class Joiner:
                 for address_, _, _ in pulled:
                     if address_ not in (source, second):
                         log.warning("the model pulled from %s agrees with no other", address_)
-                await self._adopt(values, source, step, started, agreed_with=second)
+                await self._adopt(
+                    values, source, step, started, second, torch.equal(values, initial)
+                )
                 return
         if len(pulled) == 1 and len(candidates) == 1:  # no second member to ask
             source, values, step = pulled[0]
-            initial = self.flat.flat.detach().cpu()
             if relative_distance(values, initial, self.guard.floor_rms) <= self.guard.max_distance:
-                await self._adopt(values, source, step, started, agreed_with=None)
+                await self._adopt(values, source, step, started, None, torch.equal(values, initial))
                 return
         self.counters.rejected[str(Reason.IMPLAUSIBLE)] += len(pulled)
         log.warning(
@@ -258,21 +265,44 @@ class Joiner:
         )
 
     async def _adopt(
-        self, values: torch.Tensor, source: str, step: int, started: float, agreed_with: str | None
+        self,
+        values: torch.Tensor,
+        source: str,
+        step: int,
+        started: float,
+        agreed_with: str | None,
+        kept: bool,
     ) -> None:
-        await self.gossiper.adopt(values.to(self.device), self.runtime.rng.getrandbits(62))
+        """Take the pulled ``values``; ``kept``: they are the model this node held already."""
+        await self.gossiper.adopt(
+            values.to(self.device), self.runtime.rng.getrandbits(62), held=kept
+        )
         elapsed = self.runtime.clock.now() - started
         nbytes = 4 * values.numel()
-        log.info(
-            "started from the model of %s (its step %d%s): %s in %s (%s/s)",
-            source,
-            step,
-            f"; {agreed_with}'s agrees" if agreed_with else "",
-            fmt_size(nbytes),
-            fmt_duration(elapsed),
-            fmt_size(nbytes / elapsed) if elapsed > 0 else "-",
-        )
+        if kept:
+            log.info(
+                "started from the model of %s (its step %d%s): the one this node holds, "
+                "named by its digest (%s not sent)",
+                source,
+                step,
+                f"; {agreed_with}'s agrees" if agreed_with else "",
+                fmt_size(nbytes),
+            )
+        else:
+            log.info(
+                "started from the model of %s (its step %d%s): %s in %s (%s/s)",
+                source,
+                step,
+                f"; {agreed_with}'s agrees" if agreed_with else "",
+                fmt_size(nbytes),
+                fmt_duration(elapsed),
+                fmt_size(nbytes / elapsed) if elapsed > 0 else "-",
+            )
         if self.metrics is not None:
             self.metrics.write(
-                "pulled_model", source=source, source_step=step, agreed_with=agreed_with
+                "pulled_model",
+                source=source,
+                source_step=step,
+                agreed_with=agreed_with,
+                named=kept,
             )

@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 class PeerLink:
     """Args:
     peer: whom to deliver to.
-    snapshot: returns x̂ on the host, with its header.
+    snapshot: returns x̂ on the host, with its header; asked whether it may name a snapshot of
+        the starting model by its digest (the link's machine says, gossip/link.py).
     runtime: the clock the link's deadlines are read on (the loop's, which arms its timers)
         and the RNG its back-off's jitter is forked from.
     on_change: called whenever the link may have become busy or idle.
@@ -67,7 +68,7 @@ class PeerLink:
         self,
         peer: Member,
         transport: Transport,
-        snapshot: Callable[[], Awaitable[tuple[SnapshotHeader, torch.Tensor]]],
+        snapshot: Callable[[bool], Awaitable[tuple[SnapshotHeader, torch.Tensor]]],
         cfg: LinkConfig,
         counters: Counters,
         runtime: Runtime,
@@ -207,7 +208,7 @@ class PeerLink:
     async def _send_snapshot(self, epoch: int) -> None:
         # The old stream goes first: a snapshot must not overtake deltas it already covers.
         await self._drop_stream()
-        header, values = await self._snapshot()
+        header, values = await self._snapshot(self.machine.may_name)
         self.machine.snapshot_taken(epoch, header.seq, self._now())
         self._changed()
         nbytes = wire.snapshot_nbytes(header)
@@ -217,6 +218,7 @@ class PeerLink:
         timeout_s = transfer_timeout_s(self.cfg.call_timeout_s, nbytes)
         await self.transport.call_push_snapshot(self.peer.address, header, values, timeout_s)
         self.machine.snapshot_answered(epoch, self._now())
+        self.stats.named += bool(header.digest)
         self.stats.bytes_sent += nbytes
         self.counters.bytes_sent += nbytes
         self.counters.bytes_sent_fp32 += nbytes

@@ -193,6 +193,8 @@ class Node:
             link_gamma=g.link_gamma,
             schedule=g.schedule_config,
         )
+        if resume is not None:  # the neighbours hold no public copy of ours to name
+            self.gossiper.start_digest = b""
         self.phase = Phase()
         self.signals = signals = Signals(self.node_id[:8])
         trainer_cfg = dataclasses.replace(cfg.trainer, seed=cfg.seed * 1_000_003 + cfg.shard_index)

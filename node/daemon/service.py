@@ -8,6 +8,7 @@ snapshots take the node's one inbound path (node/daemon/inbound.py), which the s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn, Protocol, TypeVar
@@ -15,6 +16,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 import torch
 
 from gossip.codecs import tensor_from_bytes
+from gossip.digest import model_digest
 from gossip.messages import Delta, Hello, ModelChunk, SnapshotHeader, TaskFingerprint
 from gossip.refusals import Reason
 from gossip.swim import SwimMessage
@@ -28,6 +30,9 @@ from node.transport.base import ControlCaller, Rejected, SnapshotChunk, iter_chu
 __all__ = ["NodeService", "ServicePort"]
 
 log = logging.getLogger(__name__)
+
+#: The values of a snapshot named by its digest: none travel.
+_NONE = torch.empty(0)
 
 T = TypeVar("T")
 
@@ -160,11 +165,15 @@ class NodeService:
         return self.port.node_id
 
     async def rpc_pull_model(
-        self, protocol_version: int, requester: str
+        self, protocol_version: int, requester: str, have: bytes = b""
     ) -> AsyncIterator[ModelChunk]:
         self._check_common(protocol_version, "")
         # One copy of the model, cut into chunks as the stream drains: memory stays bounded.
         values, step = await self.port.model_copy()
+        if have and await asyncio.to_thread(model_digest, values) == have:
+            log.info("%s holds our model already: sent its name", requester[:8])
+            yield ModelChunk(values.numel(), 0, b"", step, same=True)
+            return
         # A model is a snapshot's bytes: the budget holds both (not the joiner's), and counts
         # them at once, so that joiners pulling together do not each find the same room.
         wait_s = self.port.claim_upload(4 * values.numel())
@@ -189,6 +198,15 @@ class NodeService:
     ) -> int:
         sender = header.sender
         await self.port.on_worker(self.inbound.open_snapshot(header))
+        if header.digest:  # named by its digest: the model is one this node holds, or none
+            async for chunk in chunks:
+                if chunk.data or chunk.offset:
+                    self._refuse(Reason.MALFORMED, "a named snapshot carries values", sender)
+            seq = await self.port.on_worker(
+                self.inbound.apply_snapshot(header, _NONE, wire.snapshot_nbytes(header))
+            )
+            self.port.changed()
+            return seq
         # One model-sized buffer plus one chunk in flight: memory stays bounded.
         values = torch.empty(header.numel, dtype=torch.float32)
         filled = 0

@@ -25,6 +25,7 @@ from typing import Protocol
 import torch
 
 from gossip.budget import ByteBudget
+from gossip.digest import model_digest
 from gossip.link import Link, LinkConfig, LinkStats, SendDelta
 from gossip.messages import Delta, Member, SnapshotHeader
 from gossip.outbox import Outbox
@@ -70,6 +71,11 @@ class LinkOwner(Protocol):
     @property
     def budget(self) -> ByteBudget | None:
         """What the link's sends spend (None: no budget)."""
+        ...
+
+    @property
+    def start_digest(self) -> bytes:
+        """The digest of the model the node started from."""
         ...
 
     @property
@@ -153,8 +159,11 @@ class SimLink:
     def _send_snapshot(self, epoch: int) -> None:
         owner, sim = self.owner, self.owner.sim
         seq, values = owner.state.snapshot_for(self.peer.node_id, owner.model)
+        named = b""  # the starting model goes by name, as the daemon's (gossip/digest.py)
+        if self.machine.may_name and (digest := model_digest(values)) == owner.start_digest:
+            named = digest
         header = SnapshotHeader(
-            owner.node_id, owner.state.session, seq, values.numel(), owner.degree
+            owner.node_id, owner.state.session, seq, values.numel(), owner.degree, digest=named
         )
         sent_at = sim.events.now()
         self.machine.snapshot_taken(epoch, seq, sent_at)
@@ -174,7 +183,7 @@ class SimLink:
                 target.address,
                 owner.address,
                 REPLY_BYTES,
-                lambda: self._snapshot_answered(epoch, nbytes, result),
+                lambda: self._snapshot_answered(epoch, nbytes, result, bool(header.digest)),
                 lossy=False,
             )
 
@@ -197,12 +206,15 @@ class SimLink:
         else:
             send()
 
-    def _snapshot_answered(self, epoch: int, nbytes: int, result: int | Rejected) -> None:
+    def _snapshot_answered(
+        self, epoch: int, nbytes: int, result: int | Rejected, named: bool
+    ) -> None:
         if isinstance(result, Rejected):
             self._refused(epoch, result)
             return
         if epoch == self.machine.epoch and not self.machine.closed:
             # Counted once the call succeeded, as the daemon counts it.
+            self.stats.named += named
             self.stats.bytes_sent += nbytes
             self.owner.counters.bytes_sent += nbytes
             self.owner.counters.bytes_sent_fp32 += nbytes

@@ -22,6 +22,7 @@ import torch
 from gossip.budget import ByteBudget
 from gossip.codec_choice import LinkCodecs
 from gossip.codecs import AutoCodec
+from gossip.digest import model_digest
 from gossip.link import LinkConfig, round_pace
 from gossip.membership import MemberView
 from gossip.messages import PROTOCOL_VERSION, Delta, Member, SnapshotHeader
@@ -142,6 +143,9 @@ class SimNode:
             if budget_cfg is not None and budgeted
             else None
         )
+        #: The digest of the model the node started from: a snapshot of it goes by name, as
+        #: the daemon's (node/daemon/gossiper.py).
+        self.start_digest = model_digest(self.state.public)
         #: The upload cap (gossip/upload_cap.py): its links' models wait for it, as the daemon's.
         self.upload_cap = (
             UploadCap(g.max_upload_rate, sim.clock.now()) if g.max_upload_rate is not None else None
@@ -526,10 +530,12 @@ class SimNode:
 
     # -- joining ------------------------------------------------------------------------------
 
-    def adopt(self, values: torch.Tensor, session: int) -> None:
-        """Take a pulled model as this node's model and public copy, in a new log."""
+    def adopt(self, values: torch.Tensor, session: int, held: bool = False) -> None:
+        """Take a pulled model as this node's model and public copy, in a new log; ``held``:
+        the pull named it (the daemon's ``Gossiper.adopt``)."""
         self.flat.flat.copy_(values)
         self.state.restart(self.flat.flat.detach(), session)
+        self.start_digest = model_digest(self.state.public) if held else b""
 
     # -- what a sample of the swarm reads ------------------------------------------------------
 

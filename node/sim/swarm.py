@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from gossip.clock import ManualClock
+from gossip.digest import model_digest
 from gossip.events import EventQueue, LinkLatency, Network
 from gossip.relays import relay_order
 from gossip.simulate import consensus_distance
@@ -421,11 +422,14 @@ class Simulation:
             values = source.flat.flat.clone()
             node.pulled_from = source.node_id
             nbytes = wire.model_nbytes(values.numel(), source.step)
+            held = model_digest(values) == model_digest(node.flat.flat)
+            if held:  # the joiner named it: one chunk says it is the same (gossip/digest.py)
+                nbytes = wire.same_model_nbytes(values.numel(), source.step)
             self.pull_bytes += nbytes
 
             def send() -> None:
                 self.network.send(
-                    source.address, node.address, nbytes, lambda: pulled(values), lossy=False
+                    source.address, node.address, nbytes, lambda: pulled(values, held), lossy=False
                 )
 
             cap = source.upload_cap
@@ -439,10 +443,10 @@ class Simulation:
                 cap.reserve(nbytes, now) + max(0.0, nbytes - cap.capacity) / cap.model_rate, send
             )
 
-        def pulled(values: torch.Tensor) -> None:
+        def pulled(values: torch.Tensor, held: bool) -> None:
             if not node.alive:
                 return
-            node.adopt(values, session=self.rng.getrandbits(62))
+            node.adopt(values, self.rng.getrandbits(62), held)
             if then is not None:
                 then()
                 return

@@ -34,6 +34,7 @@ __all__ = [
     "Transport",
     "Unreachable",
     "iter_chunks",
+    "snapshot_chunks",
 ]
 
 #: The domain of the addresses that nodes nobody can dial go by (node/daemon/dialout.py): a
@@ -109,6 +110,14 @@ def iter_chunks(values: torch.Tensor, chunk_values: int = CHUNK_VALUES) -> Itera
         yield SnapshotChunk(offset, tensor_to_bytes(values[offset : offset + chunk_values]))
 
 
+def snapshot_chunks(header: SnapshotHeader, values: torch.Tensor) -> Iterator[SnapshotChunk]:
+    """A snapshot's chunks: one of no values for a snapshot named by its digest."""
+    if header.digest:
+        yield SnapshotChunk(0, b"")
+        return
+    yield from iter_chunks(values)
+
+
 class DeltaStream(Protocol):
     """An open, ordered stream of deltas to one peer, each acknowledged once applied.
 
@@ -147,8 +156,11 @@ class Handler(Protocol):
         """Takes one membership message; returns this node's id."""
         ...
 
-    def rpc_pull_model(self, protocol_version: int, requester: str) -> AsyncIterator[ModelChunk]:
-        """This node's current model, in chunks."""
+    def rpc_pull_model(
+        self, protocol_version: int, requester: str, have: bytes = b""
+    ) -> AsyncIterator[ModelChunk]:
+        """This node's current model, in chunks; or, when it is the model of digest ``have``
+        (the requester's own), one chunk that says so."""
         ...
 
     async def rpc_control(self, action: str, caller: ControlCaller) -> tuple[bool, str]:
@@ -189,9 +201,10 @@ class Transport(Protocol):
         ...
 
     def call_pull_model(
-        self, address: str, requester: str, timeout_s: float
+        self, address: str, requester: str, timeout_s: float, have: bytes = b""
     ) -> AsyncIterator[ModelChunk]:
-        """The model of the node at ``address``, chunk by chunk, as they arrive."""
+        """The model of the node at ``address``, chunk by chunk, as they arrive (one chunk
+        that says it is the same, when it is the model of digest ``have``)."""
         ...
 
     async def hold_session(

@@ -39,7 +39,7 @@ from node.transport.base import (
     Rejected,
     Route,
     Unreachable,
-    iter_chunks,
+    snapshot_chunks,
 )
 from node.transport.forwarding import PROBE, ForwardChecks, Forwarder
 from node.transport.grpc_config import GrpcTransportConfig
@@ -329,7 +329,7 @@ class GrpcTransport:
         self, address: str, header: SnapshotHeader, values: torch.Tensor, timeout_s: float
     ) -> int:
         async def requests() -> AsyncIterator[wire.pb.SnapshotChunk]:
-            for chunk in iter_chunks(values):
+            for chunk in snapshot_chunks(header, values):
                 yield wire.snapshot_chunk_to_pb(header, chunk)
 
         try:
@@ -488,9 +488,11 @@ class GrpcTransport:
             call.cancel()
 
     async def call_pull_model(
-        self, address: str, requester: str, timeout_s: float
+        self, address: str, requester: str, timeout_s: float, have: bytes = b""
     ) -> AsyncIterator[ModelChunk]:
-        request = wire.pb.PullModelRequest(protocol_version=PROTOCOL_VERSION, requester=requester)
+        request = wire.pb.PullModelRequest(
+            protocol_version=PROTOCOL_VERSION, requester=requester, have=have
+        )
         call = self._stub(address).PullModel(request, timeout=timeout_s)
         try:
             async for chunk in call:

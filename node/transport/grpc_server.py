@@ -24,6 +24,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
+from gossip.messages import DIGEST_BYTES
 from gossip.swim import MemberRecord
 from node.runtime import SystemClock
 from node.security.penalties import LogLimiter, Penalties, RateConfig, RateLimiter, held_back
@@ -387,7 +388,13 @@ class Servicer(murmur_pb2_grpc.MurmurServicer):
             with self._slot(context, model=True) as caller:
                 raw = await self._first(requests, "PullModelRequest")
                 request = self._decode(lambda r: r, raw, caller)
-                chunks = self.handler.rpc_pull_model(request.protocol_version, request.requester)
+                if request.have and len(request.have) != DIGEST_BYTES:
+                    raise self._refusal(
+                        Reason.MALFORMED, "a pull's model digest is not a SHA-256 digest"
+                    )
+                chunks = self.handler.rpc_pull_model(
+                    request.protocol_version, request.requester, request.have
+                )
                 async for chunk in chunks:
                     yield wire.model_chunk_to_pb(chunk)
         except Rejected as err:

@@ -22,7 +22,14 @@ import torch
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, ModelChunk, SnapshotHeader
 from gossip.swim import SwimMessage
 from node.telemetry.status import NodeStatus
-from node.transport.base import Handler, Rejected, Route, SnapshotChunk, Unreachable, iter_chunks
+from node.transport.base import (
+    Handler,
+    Rejected,
+    Route,
+    SnapshotChunk,
+    Unreachable,
+    snapshot_chunks,
+)
 
 __all__ = ["MemoryNetwork", "MemoryTransport", "SeededFaults"]
 
@@ -155,7 +162,7 @@ class MemoryTransport:
         handler = self.network.route(self.address, address, header)
 
         async def chunks() -> AsyncIterator[SnapshotChunk]:
-            for chunk in iter_chunks(values):
+            for chunk in snapshot_chunks(header, values):
                 yield chunk
 
         call = self.network.carry(
@@ -175,10 +182,10 @@ class MemoryTransport:
         return await _within(call, timeout_s)
 
     async def call_pull_model(
-        self, address: str, requester: str, timeout_s: float
+        self, address: str, requester: str, timeout_s: float, have: bytes = b""
     ) -> AsyncIterator[ModelChunk]:
         handler = self.network.route(self.address, address, "pull")
-        chunks = aiter(handler.rpc_pull_model(PROTOCOL_VERSION, requester))
+        chunks = aiter(handler.rpc_pull_model(PROTOCOL_VERSION, requester, have))
 
         async def next_chunk() -> ModelChunk | None:
             return await anext(chunks, None)

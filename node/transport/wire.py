@@ -12,7 +12,15 @@ import re
 from collections.abc import Sequence
 
 from gossip.encoded import Encoded
-from gossip.messages import Delta, Hello, ModelChunk, ParamSpec, SnapshotHeader, TaskFingerprint
+from gossip.messages import (
+    DIGEST_BYTES,
+    Delta,
+    Hello,
+    ModelChunk,
+    ParamSpec,
+    SnapshotHeader,
+    TaskFingerprint,
+)
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
 from gossip.swim_messages import FULL_STATE, check_region
 from node.security.revocation import MAX_BLOB_BYTES
@@ -31,6 +39,7 @@ __all__ = [
     "model_chunk_to_pb",
     "model_nbytes",
     "pb",
+    "same_model_nbytes",
     "snapshot_chunk_from_pb",
     "snapshot_chunk_to_pb",
     "snapshot_nbytes",
@@ -269,13 +278,21 @@ def swim_from_pb(m: pb.SwimMessage) -> tuple[int, SwimMessage]:
 
 
 def model_chunk_to_pb(c: ModelChunk) -> pb.ModelChunk:
-    return pb.ModelChunk(numel=c.numel, offset=c.offset, data=c.data, step=c.step)
+    return pb.ModelChunk(numel=c.numel, offset=c.offset, data=c.data, step=c.step, same=c.same)
 
 
 def model_chunk_from_pb(c: pb.ModelChunk) -> ModelChunk:
     if c.numel > MAX_NUMEL:
         raise _malformed("model numel is out of range")
-    return ModelChunk(c.numel, c.offset, c.data, c.step)
+    if c.same and (c.data or c.offset):
+        raise _malformed("a chunk that says the model is the same carries no values")
+    return ModelChunk(c.numel, c.offset, c.data, c.step, c.same)
+
+
+def _digest(value: bytes, what: str) -> bytes:
+    if value and len(value) != DIGEST_BYTES:
+        raise _malformed(f"{what} of {len(value)} bytes is not a SHA-256 digest")
+    return value
 
 
 # -- deltas -----------------------------------------------------------------------------------
@@ -354,6 +371,7 @@ def snapshot_chunk_to_pb(header: SnapshotHeader, chunk: SnapshotChunk) -> pb.Sna
         degree=header.degree,
         offset=chunk.offset,
         data=chunk.data,
+        digest=header.digest,
     )
 
 
@@ -361,13 +379,23 @@ def snapshot_chunk_from_pb(c: pb.SnapshotChunk) -> tuple[SnapshotHeader, Snapsho
     if c.numel > MAX_NUMEL:
         raise _malformed("snapshot numel is out of range")
     header = SnapshotHeader(
-        _node_id(c.sender, "sender"), c.session, c.seq, c.numel, c.degree, c.protocol_version
+        _node_id(c.sender, "sender"),
+        c.session,
+        c.seq,
+        c.numel,
+        c.degree,
+        c.protocol_version,
+        _digest(c.digest, "a snapshot's digest"),
     )
+    if header.digest and (c.data or c.offset):
+        raise _malformed("a snapshot that names its model by digest carries no values")
     return header, SnapshotChunk(c.offset, c.data)
 
 
 def snapshot_nbytes(header: SnapshotHeader, chunk_values: int = CHUNK_VALUES) -> int:
     """Serialized size of all the chunks of a snapshot, without building them."""
+    if header.digest:  # named by its digest: one chunk of no values
+        return snapshot_chunk_to_pb(header, SnapshotChunk(0, b"")).ByteSize()
     total = 0
     for offset in range(0, header.numel, chunk_values):
         n = 4 * min(chunk_values, header.numel - offset)
@@ -384,6 +412,11 @@ def model_nbytes(numel: int, step: int, chunk_values: int = CHUNK_VALUES) -> int
         empty = model_chunk_to_pb(ModelChunk(numel, offset, b"", step))
         total += empty.ByteSize() + 1 + _varint_len(n) + n  # tag, length, bytes of `data`
     return total
+
+
+def same_model_nbytes(numel: int, step: int) -> int:
+    """Serialized size of the one chunk that tells a joiner it holds the model already."""
+    return model_chunk_to_pb(ModelChunk(numel, 0, b"", step, same=True)).ByteSize()
 
 
 def swim_nbytes(m: SwimMessage, protocol_version: int) -> int:

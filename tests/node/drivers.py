@@ -57,7 +57,9 @@ class Refusing:
     async def rpc_swim(self, protocol_version: int, message: SwimMessage) -> str:
         raise Rejected(Reason.MALFORMED, "not served here")
 
-    def rpc_pull_model(self, protocol_version: int, requester: str) -> AsyncIterator[ModelChunk]:
+    def rpc_pull_model(
+        self, protocol_version: int, requester: str, have: bytes = b""
+    ) -> AsyncIterator[ModelChunk]:
         raise Rejected(Reason.MALFORMED, "not served here")
 
     def note_rejected(self, reason: Reason, detail: str) -> None:

@@ -212,7 +212,7 @@ class SwimResponder:
         self._busy()
 
     async def rpc_pull_model(
-        self, protocol_version: int, requester: str
+        self, protocol_version: int, requester: str, have: bytes = b""
     ) -> AsyncIterator[ModelChunk]:
         if self.swim is not None:  # always: the refusal comes first, as in the real one
             self._busy()

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from gossip.codecs import get_codec
+from gossip.digest import model_digest
 from gossip.link import LinkConfig
 from gossip.messages import Delta, Member, SnapshotHeader
 from gossip.replicas import GossipState
@@ -61,20 +62,24 @@ class Receiver(Refusing):
     ) -> int:
         run_here(self.inbound.open_snapshot(header))
         data = b"".join([chunk.data async for chunk in chunks])
-        values = torch.frombuffer(bytearray(data), dtype=torch.float32)
+        # A named snapshot carries no values: the inbound path takes the model it names.
+        values = torch.frombuffer(bytearray(data), dtype=torch.float32) if data else torch.empty(0)
         seq = run_here(self.inbound.apply_snapshot(header, values, wire.snapshot_nbytes(header)))
         self.snapshots.append((virtual_now(), seq))
         return seq
 
 
 class Sender:
-    """A node's sending side: its gossip state, whose rounds the link carries."""
+    """A node's sending side: its gossip state, whose rounds the link carries. ``start``: the
+    model it starts from, whose snapshots it names by digest (None: zeros, never named)."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, start: torch.Tensor | None = None) -> None:
+        self.start = start
+        initial = torch.zeros(NUMEL) if start is None else start.clone()
         self.state = GossipState(
-            torch.zeros(NUMEL), get_codec("int8", 64), rt.clock, torch.Generator().manual_seed(1)
+            initial, get_codec("int8", 64), rt.clock, torch.Generator().manual_seed(1)
         )
-        self.x = torch.zeros(NUMEL)
+        self.x = initial.clone()
         self._noise = torch.Generator().manual_seed(2)
 
     def round(self) -> Delta:
@@ -82,20 +87,23 @@ class Sender:
         seq, payload = self.state.make_delta(self.x)
         return Delta(SENDER, self.state.session, seq, seq, payload, degree=1)
 
-    async def snapshot(self) -> tuple[SnapshotHeader, torch.Tensor]:
+    async def snapshot(self, may_name: bool) -> tuple[SnapshotHeader, torch.Tensor]:
         seq, values = self.state.snapshot()
-        return SnapshotHeader(SENDER, self.state.session, seq, NUMEL, 1), values
+        named = b""
+        if may_name and self.start is not None and torch.equal(values, self.start):
+            named = model_digest(values)
+        return SnapshotHeader(SENDER, self.state.session, seq, NUMEL, 1, digest=named), values
 
 
 async def connect(
-    network: MemoryNetwork, cfg: LinkConfig, seed: int = 0
+    network: MemoryNetwork, cfg: LinkConfig, seed: int = 0, start: torch.Tensor | None = None
 ) -> tuple[Sender, Receiver, PeerLink]:
     receiver = Receiver()
     address = await MemoryTransport(network).serve(receiver, "mem:0")
     out = MemoryTransport(network)
     await out.serve(Refusing(), "mem:0")
     rt = runtime(seed)
-    sender = Sender(rt)
+    sender = Sender(rt, start)
     link = PeerLink(Member(RECEIVER, address), out, sender.snapshot, cfg, Counters(), rt)
     return sender, receiver, link
 
@@ -243,3 +251,28 @@ def test_seeded_faults_refuse_a_loss_rate_outside_0_to_1() -> None:
         SeededFaults(loss=1.0)
     with pytest.raises(ValueError, match="delay_s"):
         SeededFaults(delay_s=(0.2, 0.1))
+
+
+@virtual
+@pytest.mark.parametrize("held", [True, False])
+async def test_a_snapshot_of_the_starting_model_goes_by_name_or_whole_when_refused(
+    held: bool,
+) -> None:
+    """The receiver holds zeros: a sender that starts there names its first snapshot and the
+    name is taken; one that starts elsewhere names it, is refused (``unknown_base``, counted
+    nowhere), and sends the values at once. Either way the replica ends exact."""
+    start = torch.zeros(NUMEL) if held else torch.ones(NUMEL)
+    sender, receiver, link = await connect(MemoryNetwork(), LinkConfig(), start=start)
+    link.start()
+    try:
+        await run_until(lambda: link.healthy, 5.0, "the first snapshot")
+        assert replica_is_public_copy(sender, receiver)
+        assert link.stats.named == int(held)
+        assert link.machine.may_name is held
+        assert link.stats.snapshots_sent == 1
+        link.offer(sender.round())
+        await run_until(lambda: replica_is_public_copy(sender, receiver), 5.0, "a delta")
+        assert receiver.inbound.counters.rejected == {}
+        assert link.stats.failures == 0
+    finally:
+        await link.stop()

@@ -24,7 +24,7 @@ class Poisoner(NodeService):
     """A member that answers every pull with 1e38 everywhere: finite, and fatal to a model."""
 
     async def rpc_pull_model(
-        self, protocol_version: int, requester: str
+        self, protocol_version: int, requester: str, have: bytes = b""
     ) -> AsyncIterator[ModelChunk]:
         model, _ = await self.port.model_copy()
         values = torch.full_like(model, 1e38)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
 
 from gossip.codecs import get_codec
+from gossip.digest import model_digest
 from gossip.messages import (
     PROTOCOL_VERSION,
     Delta,
@@ -20,7 +21,9 @@ from gossip.messages import (
     TaskFingerprint,
 )
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
+from node.daemon.transfer import receive_model
 from node.telemetry.status import NeighbourStatus, NodeStatus
+from node.transport import wire
 from node.transport.base import (
     CHUNK_VALUES,
     ControlCaller,
@@ -87,11 +90,14 @@ class RecordingHandler:
         return "b" * 32
 
     async def rpc_pull_model(
-        self, protocol_version: int, requester: str
+        self, protocol_version: int, requester: str, have: bytes = b""
     ) -> AsyncIterator[ModelChunk]:
         if requester == "stranger":
             raise Rejected(Reason.UNKNOWN_SENDER, "who are you?")
         self.pulls.append(requester)
+        if have == model_digest(self.model):
+            yield ModelChunk(self.model.numel(), 0, b"", step=11, same=True)
+            return
         for chunk in iter_chunks(self.model):
             yield ModelChunk(self.model.numel(), chunk.offset, chunk.data, step=11)
 
@@ -105,6 +111,10 @@ class RecordingHandler:
         self, header: SnapshotHeader, chunks: AsyncIterator[SnapshotChunk]
     ) -> int:
         parts = [chunk async for chunk in chunks]
+        if header.digest:  # named: one chunk of no values
+            assert parts == [SnapshotChunk(0, b"")]
+            self.snapshots.append((header, torch.empty(0)))
+            return header.seq
         assert [p.offset for p in parts] == list(range(0, header.numel, CHUNK_VALUES))
         values = torch.cat(
             [torch.frombuffer(bytearray(p.data), dtype=torch.float32) for p in parts]
@@ -226,6 +236,42 @@ async def test_a_snapshot_arrives_in_chunks_and_whole(pair: Pair) -> None:
     [(got_header, got_values)] = handler.snapshots
     assert got_header == header
     assert torch.equal(got_values, values)
+
+
+async def test_a_snapshot_named_by_its_digest_carries_the_name_and_no_values(pair: Pair) -> None:
+    _, client, address, handler = pair
+    values = torch.randn(2 * CHUNK_VALUES + 1234)
+    named = SnapshotHeader("a" * 32, 42, 9, values.numel(), 5, digest=model_digest(values))
+    assert await client.call_push_snapshot(address, named, values, 10) == 9
+    [(got_header, got_values)] = handler.snapshots
+    assert got_header == named
+    assert got_values.numel() == 0
+    assert wire.snapshot_nbytes(named) < 200 < wire.snapshot_nbytes(replace(named, digest=b""))
+    short = wire.snapshot_chunk_to_pb(replace(named, digest=b"short"), SnapshotChunk(0, b""))
+    with pytest.raises(Rejected) as info:  # on the wire a digest is SHA-256's 32 bytes or none
+        wire.snapshot_chunk_from_pb(short)
+    assert info.value.reason is Reason.MALFORMED
+
+
+async def test_a_pull_that_names_the_senders_model_gets_one_chunk_saying_so(pair: Pair) -> None:
+    _, client, address, handler = pair
+    have = model_digest(handler.model)
+    chunks = [c async for c in client.call_pull_model(address, "a" * 32, 10, have)]
+    assert chunks == [ModelChunk(handler.model.numel(), 0, b"", step=11, same=True)]
+    own = handler.model.clone()
+    got, step = await receive_model(_replay(chunks), own.numel(), "b", own)
+    assert torch.equal(got, handler.model)
+    assert step == 11
+    other = [c async for c in client.call_pull_model(address, "a" * 32, 10, model_digest(own + 1))]
+    assert len(other) == 3  # another model named: the values come
+    with pytest.raises(Rejected) as info:  # "the same", to a puller that named nothing
+        await receive_model(_replay(chunks), own.numel(), "b")
+    assert info.value.reason is Reason.MALFORMED
+
+
+async def _replay(chunks: list[ModelChunk]) -> AsyncIterator[ModelChunk]:
+    for chunk in chunks:
+        yield chunk
 
 
 async def test_a_stream_delivers_in_order_and_acknowledges_each(pair: Pair) -> None:
