@@ -90,7 +90,7 @@ class ByteBudget:
             self.turns += 1
 
     def spend(self, nbytes: float) -> None:
-        """Count ``nbytes`` of message sent (times the charge)."""
+        """Count ``nbytes`` of message sent (times the charge); negative: a claim given back."""
         with self._lock:
             self._turn(self._clock.now())
             self._spent += nbytes * self.charge

@@ -279,13 +279,15 @@ class Link:
             self.outbox.snapshot_taken(seq, now)
             self._taken = True
 
-    def snapshot_answered(self, epoch: int, now: float) -> None:
-        """The neighbour took ``epoch``'s snapshot: its stream carries the deltas after it,
-        unless the queue overflowed meanwhile (then a fresher snapshot goes at once)."""
+    def snapshot_answered(self, epoch: int, now: float, named: bool = False) -> None:
+        """The neighbour took ``epoch``'s snapshot (``named``: by its digest): its stream
+        carries the deltas after it, unless the queue overflowed meanwhile (then a fresher
+        snapshot goes at once)."""
         if epoch != self.epoch or self.phase is not Phase.SNAPSHOT:
             return
-        self.outbox.snapshot_answered(now)
+        self.outbox.snapshot_answered(now, carried=not named)
         self.stats.snapshots_sent += 1
+        self.stats.named += named
         self.last_problem = None
         self.phase = Phase.IDLE if self.outbox.needs_snapshot else Phase.STREAM
 

@@ -46,6 +46,10 @@ class OutboxConfig:
     window_bytes: payload bytes in line below which more than ``window`` deltas may be.
     overdue_min_s: an answer is never overdue sooner than this.
     overdue_factor: an answer is overdue once it takes this many times the link's usual one.
+    unmeasured_rate: before the link's first answer that says how long its answers take (a
+        snapshot that went by name says nothing of it), an answer is overdue only once the
+        bytes in flight would have taken this long at this many bytes a second (1 Mbit/s, the
+        slowest link a model transfer is given time for, node/daemon/links.py).
     """
 
     queue: int = 16
@@ -55,14 +59,17 @@ class OutboxConfig:
     window_bytes: int = 65_536
     overdue_min_s: float = 2.0
     overdue_factor: float = 4.0
+    unmeasured_rate: float = 125_000.0
 
     def __post_init__(self) -> None:
         if self.queue < 1 or self.window < 1:
             raise ValueError("queue and window must be at least 1")
         if self.window_bytes < 0:
             raise ValueError(f"window_bytes is {self.window_bytes}: expected 0 or more")
-        if self.overdue_min_s <= 0 or self.overdue_factor < 1:
-            raise ValueError("overdue_min_s must be positive and overdue_factor at least 1")
+        if self.overdue_min_s <= 0 or self.overdue_factor < 1 or self.unmeasured_rate <= 0:
+            raise ValueError(
+                "overdue_min_s and unmeasured_rate must be positive and overdue_factor at least 1"
+            )
 
 
 class Outbox:
@@ -89,7 +96,10 @@ class Outbox:
     @property
     def overdue_after_s(self) -> float:
         """How long an answer may take before it counts as overdue."""
-        usual = 0.0 if self.answer_s is None else self.cfg.overdue_factor * self.answer_s
+        if self.answer_s is None:
+            usual = sum(self._sent_bytes) / self.cfg.unmeasured_rate
+        else:
+            usual = self.cfg.overdue_factor * self.answer_s
         return max(self.cfg.overdue_min_s, usual)
 
     def overdue_at(self) -> float | None:
@@ -155,9 +165,11 @@ class Outbox:
         self._sent_bytes.clear()
         self._waiting_since = now
 
-    def snapshot_answered(self, now: float) -> None:
-        if self._waiting_since is not None and self.answer_s is None:
-            self._answered(self._waiting_since, now)  # a first, generous estimate
+    def snapshot_answered(self, now: float, carried: bool = True) -> None:
+        """The snapshot was taken; ``carried``: it carried the model (not its name), so its
+        time is a first, generous estimate of the link's answers."""
+        if carried and self._waiting_since is not None and self.answer_s is None:
+            self._answered(self._waiting_since, now)
         self._waiting_since = None
 
     def delta_sent(self, delta: Delta, now: float) -> None:

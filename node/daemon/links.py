@@ -217,8 +217,7 @@ class PeerLink:
             await self._outflow.take(nbytes, claimed)
         timeout_s = transfer_timeout_s(self.cfg.call_timeout_s, nbytes)
         await self.transport.call_push_snapshot(self.peer.address, header, values, timeout_s)
-        self.machine.snapshot_answered(epoch, self._now())
-        self.stats.named += bool(header.digest)
+        self.machine.snapshot_answered(epoch, self._now(), bool(header.digest))
         self.stats.bytes_sent += nbytes
         self.counters.bytes_sent += nbytes
         self.counters.bytes_sent_fp32 += nbytes

@@ -73,8 +73,9 @@ class Outflow:
 
     async def take(self, nbytes: int, claimed: int = 0) -> None:
         """Wait until ``nbytes`` of model may go, and count them gone; ``claimed`` of them the
-        budget counted already (ByteBudget.claim, when the message was let go)."""
+        budget counted already (ByteBudget.claim, when the message was let go). A claim for
+        more than goes (a whole model's, for a snapshot that went by name) is given back."""
         if self.pacer is not None:
             await self.pacer.take(nbytes)
-        if self.budget is not None and nbytes > claimed:
+        if self.budget is not None and nbytes != claimed:
             self.budget.spend(nbytes - claimed)

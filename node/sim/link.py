@@ -168,6 +168,8 @@ class SimLink:
         sent_at = sim.events.now()
         self.machine.snapshot_taken(epoch, seq, sent_at)
         nbytes = owner.snapshot_nbytes(header)
+        if named and owner.budget is not None:  # it claimed a whole model: the rest goes back
+            owner.budget.spend(nbytes - 4 * owner.state.numel)
         timeout_s = transfer_timeout_s(self.cfg.call_timeout_s, nbytes)
 
         def arrive() -> None:
@@ -214,11 +216,10 @@ class SimLink:
             return
         if epoch == self.machine.epoch and not self.machine.closed:
             # Counted once the call succeeded, as the daemon counts it.
-            self.stats.named += named
             self.stats.bytes_sent += nbytes
             self.owner.counters.bytes_sent += nbytes
             self.owner.counters.bytes_sent_fp32 += nbytes
-        self.machine.snapshot_answered(epoch, self.owner.sim.events.now())
+        self.machine.snapshot_answered(epoch, self.owner.sim.events.now(), named)
         self.pump()
         self.owner.check_ready()
 

@@ -367,6 +367,31 @@ def test_a_neighbour_that_stops_answering_holds_up_rounds_a_few_answer_times_onl
     assert outbox.overdue_at() is None
 
 
+def test_after_a_snapshot_by_name_the_first_answers_get_the_time_their_bytes_take() -> None:
+    """A snapshot that went by name says nothing of how long the link's answers take: the
+    first large deltas are given the time their bytes take at 1 Mbit/s, not the 2 s floor, so
+    that a slow link's first int8 deltas do not count as overdue and let rounds pile up."""
+    outbox = Outbox(OutboxConfig(window=2, window_bytes=0, overdue_min_s=2.0))
+    outbox.snapshot_taken(0, now=0.0)
+    outbox.snapshot_answered(now=0.02, carried=False)  # named: 20 ms, no measure of the link
+    assert outbox.answer_s is None
+    payload = get_codec("fp32", 64).compress(torch.ones(250_000)).encoded  # 1 MB
+    for seq in (1, 2):
+        outbox.offer(Delta("s", 1, seq, 0, payload))
+        delta = outbox.next_delta()
+        assert delta is not None
+        outbox.delta_sent(delta, now=1.0)
+    assert outbox.overdue_after_s == pytest.approx(2 * payload.nbytes / 125_000)  # 16 s
+    assert outbox.busy_at(1.0 + 3.0)  # still waiting on a link it has not measured
+    assert not outbox.busy_at(1.0 + 17.0)
+    outbox.acked(now=3.0)  # the first answer measures the link: 2 s
+    assert outbox.overdue_after_s == pytest.approx(8.0)
+    carried = Outbox(OutboxConfig())
+    carried.snapshot_taken(0, now=0.0)
+    carried.snapshot_answered(now=5.0)  # a model's values: a first, generous estimate
+    assert carried.answer_s == pytest.approx(5.0)
+
+
 @pytest.mark.parametrize(("queue", "window"), [(0, 1), (1, 0)])
 def test_config_refuses_empty_queue_or_window(queue: int, window: int) -> None:
     with pytest.raises(ValueError, match="at least 1"):

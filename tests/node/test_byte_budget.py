@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from gossip.budget import LEAD
+from gossip.budget import LEAD, BudgetConfig, ByteBudget
+from gossip.clock import ManualClock
 from node.cli.swarm import SwarmConfig, node_argv
 from node.config import GossipConfig
 from node.daemon.budget_keeper import BUDGET_FILE
 from node.daemon.node import Node
-from node.daemon.pacing import BUDGET_CHARGE
+from node.daemon.pacing import BUDGET_CHARGE, Outflow
 from node.settings_sources import SettingsError, load_settings
 from node.sim import SimConfig, Simulation
 from node.telemetry.metrics import status_metrics
@@ -300,3 +301,16 @@ async def test_links_that_want_a_model_together_do_not_all_find_the_same_room(
         for other in others:
             await other.stop(grace_s=0)
         await seed.stop(grace_s=0)
+
+
+async def test_a_claim_for_more_than_went_is_given_back() -> None:
+    """A link claims a whole model for a snapshot before it knows the snapshot goes by name
+    (a few dozen bytes): what did not go is given back, and what did is counted."""
+    budget = ByteBudget(BudgetConfig(1_000_000_000, 3600.0), ManualClock(), BUDGET_CHARGE)
+    model = 4_400_000
+    assert budget.claim(model) == 0
+    assert budget.spent == pytest.approx(model * BUDGET_CHARGE)
+    await Outflow(None, budget).take(60, claimed=model)  # it went by name
+    assert budget.spent == pytest.approx(60 * BUDGET_CHARGE)
+    await Outflow(None, budget).take(1_000)  # a delta, unclaimed
+    assert budget.spent == pytest.approx(1_060 * BUDGET_CHARGE)
