@@ -224,7 +224,11 @@ class Gossiper:
             else:
                 seq, values = self.state.snapshot()
             named = b""
-            if may_name and (digest := model_digest(values)) == self.start_digest:
+            if (
+                may_name
+                and self.start_digest
+                and (digest := model_digest(values)) == self.start_digest
+            ):
                 named = digest
             header = SnapshotHeader(
                 self.node_id, self.state.session, seq, values.numel(), self._degree, digest=named

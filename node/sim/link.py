@@ -160,7 +160,8 @@ class SimLink:
         owner, sim = self.owner, self.owner.sim
         seq, values = owner.state.snapshot_for(self.peer.node_id, owner.model)
         named = b""  # the starting model goes by name, as the daemon's (gossip/digest.py)
-        if self.machine.may_name and (digest := model_digest(values)) == owner.start_digest:
+        start = owner.start_digest
+        if self.machine.may_name and start and (digest := model_digest(values)) == start:
             named = digest
         header = SnapshotHeader(
             owner.node_id, owner.state.session, seq, values.numel(), owner.degree, digest=named
