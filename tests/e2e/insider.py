@@ -43,7 +43,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from protos import murmur_pb2 as pb
 from protos import murmur_pb2_grpc as pb_grpc
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # as gossip/messages.py says, written out as an outsider would
 TLS_NAME = "murmur"
 CHUNK_VALUES = 1 << 18
 POISON = 1e38
