@@ -1,4 +1,4 @@
-"""Compressed gossip with error feedback: the public copy, the replicas and the consensus step.
+"""Compressed gossip with error feedback: the replicas of the neighbours' copies and the mix.
 
 Node i keeps its model x_i, a public copy x̂_i (what its neighbours believe x_i is) and a replica
 x̂_j of each neighbour's public copy. This is CHOCO-Gossip (Koloskova, Stich and Jaggi, ICML 2019,
@@ -23,21 +23,39 @@ same in both modes: a replica is the copy its sender keeps for this node.
 Sending Q(x_i) itself instead, without the public copies, leaves a floor of quantization noise
 that consensus never gets below (see tests/gossip/test_sync_gossip.py).
 
-What a neighbour sends is checked before it changes a replica (:class:`UpdateGuard`): besides
-its shape and finite values, a delta or snapshot may not put the replica absurdly far from this
-node's own public copy, since mixing would carry the node's model most of the way there.
+Three modules hold it:
+
+* gossip/public_copy.py, the sending half: x̂_i (or x̂_ij), its deltas and the codec of each;
+* this one, :class:`GossipState`: that half plus the peers, their replicas, the receiving of
+  deltas and snapshots, and the mix;
+* gossip/update_guard.py, what a neighbour's update must pass before it changes a replica
+  (:class:`UpdateGuard`): besides its shape and finite values, a delta or snapshot may not put
+  the replica absurdly far from this node's own public copy, since mixing would carry the
+  node's model most of the way there; and the errors a refused message raises.
+
+The guard's names and :class:`LinkCopy` are importable from here as well.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from gossip.clock import Clock
-from gossip.codecs import AutoCodec, Codec, CodecError, Encoded, NonFiniteError, all_finite
+from gossip.codecs import Codec, CodecError, Encoded, NonFiniteError, all_finite
+from gossip.public_copy import LinkCopy, PublicCopy
+from gossip.update_guard import (
+    GossipError,
+    ImplausibleUpdate,
+    SequenceGap,
+    StaleSequence,
+    UnknownPeer,
+    UpdateGuard,
+    agreeing_pair,
+    relative_distance,
+)
 
 __all__ = [
     "GossipError",
@@ -55,72 +73,9 @@ __all__ = [
 
 NodeId = str
 
-
 #: Dropped peers' replicas kept for their return: a view flickers over one or two peers at a
 #: time while members arrive, and each kept copy costs a model's size.
 MAX_PARKED = 2
-
-
-class GossipError(Exception):
-    """A message the state machine refuses; the state is unchanged when it is raised."""
-
-
-class UnknownPeer(GossipError):
-    """The sender is not a peer this node exchanges with."""
-
-
-class SequenceGap(GossipError):
-    """The delta does not follow the replica (or there is no replica): a snapshot is needed."""
-
-    def __init__(self, peer: NodeId, expected: int | None, got: int) -> None:
-        self.peer, self.expected, self.got = peer, expected, got
-        want = "a snapshot first" if expected is None else f"seq {expected}"
-        super().__init__(f"gap in deltas from {peer}: expected {want}, got seq {got}")
-
-
-class StaleSequence(GossipError):
-    """The message is not newer than the replica: a duplicate or a replay."""
-
-
-class ImplausibleUpdate(GossipError):
-    """A delta or snapshot that would put a replica absurdly far from this node's public copy
-    (or, with ``UpdateGuard.consistency``, a snapshot that agrees with no other neighbour)."""
-
-
-@dataclass(frozen=True)
-class UpdateGuard:
-    """What a neighbour's delta or snapshot may do to its replica x̂_j, judged against this
-    node's public copy x̂_i (which tracks its model x_i).
-
-    The rule: ``||x̂_j' - x̂_i|| <= max_distance * max(||x̂_i||, floor_rms * sqrt(n))`` for the
-    replica x̂_j' that the update would make. Why it holds for honest traffic: CHOCO keeps each
-    x̂_j within a few rounds' movement of x_j, and x_j within the consensus distance of x_i, so
-    honest neighbours are a small fraction of the model's norm apart (the largest ratio in
-    measured runs of every codec is in bench/RESULTS.md); even a fresh node still at the initial
-    model is within a few norms of a trained one. Why it matters: mixing moves x_i by
-    γ·w_ij·(x̂_j − x̂_i), so a replica 32 norms away would move the model several times its own
-    size in one round, and a replica of 1e38 (which is finite) would overflow it. The bound is
-    relative to this node's own copy, never to the sender's earlier updates, so a sender cannot
-    raise it by growing its replica step by step. Robust mixing (ClippedGossip) then limits what
-    a neighbour within the bound can do.
-
-    Args:
-        max_distance: the bound, in norms of x̂_i.
-        floor_rms: the norm used for a model that is (nearly) zero, per value.
-        consistency: with robust mixing, a snapshot must also lie within this many norms of
-            x̂_i or of another neighbour's replica, when there is one ("consistent with a second
-            member"); None: no such check.
-    """
-
-    max_distance: float = 32.0
-    floor_rms: float = 1e-2
-    consistency: float | None = None
-
-    def __post_init__(self) -> None:
-        if not self.max_distance > 0 or not self.floor_rms > 0:
-            raise ValueError("max_distance and floor_rms must be positive")
-        if self.consistency is not None and not self.consistency > 0:
-            raise ValueError("consistency must be positive")
 
 
 @dataclass
@@ -136,16 +91,9 @@ class Replica:
     codec: str = ""  # the codec of its last delta ("" before the first)
 
 
-@dataclass
-class LinkCopy:
-    """x̂_ij, with a copy per link: what neighbour j believes x_i is."""
-
-    value: torch.Tensor
-    seq: int
-
-
-class GossipState:
-    """Node i's half of compressed gossip.
+class GossipState(PublicCopy):
+    """Node i's half of compressed gossip: its public copy (:class:`PublicCopy`, which sends)
+    and the replicas of its neighbours' copies (which it receives), and the mix of the two.
 
     Not thread-safe: the node calls it from one thread at a time.
 
@@ -172,39 +120,18 @@ class GossipState:
         guard: UpdateGuard | None = None,
         per_link: bool = False,
     ) -> None:
-        if initial.dim() != 1 or initial.dtype != torch.float32:
-            raise ValueError("the gossiped vector must be flat float32")
-        self.per_link = per_link
-        #: x̂_ij by neighbour, with ``per_link`` (a link's copy starts at its first snapshot).
-        self.copies: dict[NodeId, LinkCopy] = {}
-        #: The codec each link sends with, by neighbour, under ``auto`` (its initial otherwise).
-        self.link_codecs: dict[NodeId, str] = {}
-        #: Under ``auto`` without ``per_link``: the one codec of the rounds (None: its initial).
-        self.round_codec: str | None = None
+        super().__init__(initial, codec, generator, session, per_link)
         self.guard = guard
         #: The largest distance, in norms of x̂_i, that an accepted update put a replica at
         #: (how close honest traffic comes to ``guard.max_distance``).
         self.largest_move = 0.0
-        self.codec = codec
         self.clock = clock
-        self.generator = generator
-        self.public = initial.detach().clone()
-        self.session = session
-        self.seq = 0
         self.replicas: dict[NodeId, Replica] = {}
         self._peers: set[NodeId] = set()
         #: Replicas of peers that the view dropped, kept (oldest first, at most
         #: ``MAX_PARKED``, and no more than there are peers) in case the view takes them back:
         #: see :meth:`set_peers`.
         self._parked: dict[NodeId, Replica] = {}
-
-    @property
-    def numel(self) -> int:
-        return self.public.numel()
-
-    @property
-    def device(self) -> torch.device:
-        return self.public.device
 
     # -- peers --------------------------------------------------------------------------------
 
@@ -252,110 +179,12 @@ class GossipState:
             del self._parked[next(iter(self._parked))]
         return gone
 
-    # -- sending ------------------------------------------------------------------------------
-
-    def make_delta(self, x: torch.Tensor) -> tuple[int, Encoded]:
-        """q = Q(x - x̂); x̂ += q. Returns the new sequence number and q's encoding.
-
-        Raises:
-            NonFiniteError: x holds NaN or infinity (nothing changes).
-        """
-        compressed = self._rounds_codec().compress(x - self.public, self.generator)
-        self.public += compressed.value
-        self.seq += 1
-        return self.seq, compressed.encoded
-
-    def snapshot(self) -> tuple[int, torch.Tensor]:
-        """(seq, a copy of x̂ at seq): what a neighbour needs to (re)start its replica."""
-        return self.seq, self.public.clone()
-
-    def snapshot_for(self, peer: NodeId, x: torch.Tensor) -> tuple[int, torch.Tensor]:
-        """What ``peer`` needs to (re)start its replica: :meth:`snapshot`, or with
-        ``per_link`` the link's copy started afresh at ``x`` (exact, so its next delta is only
-        what changes after it). Its seq is above any this session sent on any link, so a
-        neighbour that kept an older replica of ours never finds it stale."""
-        if not self.per_link:
-            return self.snapshot()
-        self.seq += 1  # with per_link, the highest seq of any link
-        copy = LinkCopy(x.detach().clone(), self.seq)
-        self.copies[peer] = copy
-        return copy.seq, copy.value.clone()
-
-    def make_link_delta(self, peer: NodeId, x: torch.Tensor) -> tuple[int, Encoded] | None:
-        """With ``per_link``: q = Q(x - x̂_ij); x̂_ij += q, for ``peer`` alone. Returns the
-        link's new seq and q's encoding; None before the link's first snapshot.
-
-        Raises:
-            NonFiniteError: x holds NaN or infinity (nothing changes).
-        """
-        copy = self.copies.get(peer)
-        if copy is None:
-            return None
-        compressed = self.codec_for(peer).compress(x - copy.value, self.generator)
-        copy.value += compressed.value
-        copy.seq += 1
-        self.seq = max(self.seq, copy.seq)
-        return copy.seq, compressed.encoded
-
-    def codec_for(self, peer: NodeId) -> Codec:
-        """The codec the link to ``peer`` sends with: under ``auto`` its own, or without
-        ``per_link`` the rounds' one; else the node's."""
-        if not self.per_link:
-            return self._rounds_codec()
-        if isinstance(self.codec, AutoCodec):
-            name = self.link_codecs.get(peer)
-            return self.codec.initial if name is None else self.codec.member(name)
-        return self.codec
-
-    def _rounds_codec(self) -> Codec:
-        """The codec of :meth:`make_delta`'s deltas: the node's, or auto's pick for the rounds
-        (its initial before the first pick)."""
-        if isinstance(self.codec, AutoCodec):
-            name = self.round_codec
-            return self.codec.initial if name is None else self.codec.member(name)
-        return self.codec
-
-    def set_link_codec(self, peer: NodeId, name: str) -> None:
-        """Under ``auto`` with ``per_link``: the link to ``peer`` sends its next deltas with
-        ``name``. No snapshot is owed: each delta names its codec, and the link's copy and the
-        neighbour's replica of it move by the same decoded values whatever codec made them.
-
-        Raises:
-            ValueError: not ``auto`` with a copy per link, or a codec auto does not choose.
-        """
-        if not (self.per_link and isinstance(self.codec, AutoCodec)):
-            raise ValueError("only auto with a copy per link sends a codec per link")
-        self.codec.member(name)
-        self.link_codecs[peer] = name
-
-    def set_round_codec(self, name: str) -> None:
-        """Under ``auto`` without ``per_link``: the next rounds' deltas, one for every link, go
-        with ``name``. No snapshot is owed: each delta names its codec, and x̂ and every
-        neighbour's replica of it move by the same decoded values whatever codec made them.
-
-        Raises:
-            ValueError: not ``auto`` with one public copy, or a codec auto does not choose.
-        """
-        if self.per_link or not isinstance(self.codec, AutoCodec):
-            raise ValueError("only auto with one public copy sends one codec for all links")
-        self.codec.member(name)
-        self.round_codec = name
-
     def set_link_codecs(self, chosen: Mapping[NodeId, str]) -> None:
         """:meth:`set_link_codec` for each of ``chosen`` that is a peer now (a pick made
         for a link that has closed since is dropped)."""
         for peer, name in chosen.items():
             if peer in self._peers:
                 self.set_link_codec(peer, name)
-
-    def note_model(self, x: torch.Tensor) -> None:
-        """With ``per_link``: x as this round saw it becomes ``public`` (see the class)."""
-        self.public.copy_(x)
-
-    def own(self, peer: NodeId) -> torch.Tensor:
-        """The copy of this node that ``peer`` holds: x̂_ij with ``per_link``, else x̂_i."""
-        copy = self.copies.get(peer)
-        return self.public if copy is None else copy.value
 
     # -- receiving ----------------------------------------------------------------------------
 
@@ -438,52 +267,21 @@ class GossipState:
         )
         return seq
 
-    def _distance(self, values: torch.Tensor, to: torch.Tensor, floor_rms: float) -> float:
-        """||values - to|| in norms of ``to`` (at least ``floor_rms`` per value)."""
-        diff = float(torch.linalg.vector_norm(values.to(to.device) - to))
-        floor = floor_rms * math.sqrt(max(to.numel(), 1))
-        return diff / max(float(torch.linalg.vector_norm(to)), floor)
-
     def _check_plausible(self, peer: NodeId, values: torch.Tensor, what: str) -> None:
         guard = self.guard
         if guard is None:
             return
-        ratio = self._distance(values, self.public, guard.floor_rms)
-        if not ratio <= guard.max_distance:  # also refuses NaN, which compares false
-            raise ImplausibleUpdate(
-                f"the {what} from {peer} would put its replica {ratio:.3g} times our model's "
-                f"norm away from our model (at most {guard.max_distance:g})"
-            )
+        ratio = guard.check_plausible(peer, values, self.public, what)
         self.largest_move = max(self.largest_move, ratio)
 
     def _check_consistent(self, peer: NodeId, values: torch.Tensor) -> None:
-        """With ``guard.consistency``: a snapshot must agree with this node's copy or with
-        another neighbour's replica, when there is another to agree with."""
+        """With ``guard.consistency``: :meth:`UpdateGuard.check_consistent` against the other
+        neighbours' replicas."""
         guard = self.guard
-        limit = guard.consistency if guard is not None else None
-        if guard is None or limit is None:
+        if guard is None or guard.consistency is None:
             return
         others = [r.value for p, r in self.replicas.items() if p != peer]
-        if not others:
-            return
-        refs = [self.public, *others]
-        if any(self._distance(values, ref, guard.floor_rms) <= limit for ref in refs):
-            return
-        raise ImplausibleUpdate(
-            f"the snapshot from {peer} is more than {limit:g} norms from our model and from "
-            f"each of our {len(others)} other neighbours' models"
-        )
-
-    def restart(self, values: torch.Tensor, session: int) -> None:
-        """Start a new log from ``values`` (a joiner that pulled the swarm's model): x̂ becomes
-        ``values`` and neighbours resync with a snapshot, since the session changed."""
-        if values.shape != self.public.shape or values.dtype != torch.float32:
-            raise ValueError("restart values must be the flat float32 vector gossip moves")
-        self.public.copy_(values)
-        # A link's copy stays until its resync: the neighbour refuses the next delta, of the
-        # new session, and the snapshot that repairs it starts the copy afresh.
-        self.session = session
-        self.seq = 0
+        guard.check_consistent(peer, values, self.public, others)
 
     def silent_for(self, peer: NodeId) -> float | None:
         """Seconds since ``peer`` was last heard from, or None if it never was."""
@@ -528,28 +326,3 @@ class GossipState:
         if not total:
             return None
         return pull if self.per_link else pull.add_(self.public, alpha=-total)
-
-
-def relative_distance(a: torch.Tensor, b: torch.Tensor, floor_rms: float = 1e-2) -> float:
-    """||a - b|| over the larger of the two norms (at least ``floor_rms`` per value)."""
-    floor = floor_rms * math.sqrt(max(a.numel(), 1))
-    scale = max(float(torch.linalg.vector_norm(a)), float(torch.linalg.vector_norm(b)), floor)
-    return float(torch.linalg.vector_norm(a - b)) / scale
-
-
-def agreeing_pair(
-    models: list[torch.Tensor], tolerance: float = 0.5, floor_rms: float = 1e-2
-) -> tuple[int, int] | None:
-    """The first two of ``models`` (by the later one's place, then the earlier's) that agree:
-    within ``tolerance`` of the larger norm of the two. None when no two do.
-
-    A joiner adopts a pulled model only once a second member's agrees with it: honest members
-    hold models a consensus distance apart, a few percent of their norm, while a poisoned one
-    (1e38 everywhere, a scaled or sign-flipped copy) is at least about its own norm from any
-    honest one. One poisoner among the members asked cannot make two models agree.
-    """
-    for j in range(1, len(models)):
-        for i in range(j):
-            if relative_distance(models[i], models[j], floor_rms) <= tolerance:
-                return i, j
-    return None
