@@ -202,7 +202,9 @@ class GrpcTransport:
 
     def open_calls(self, caller: str) -> int:
         """Calls open now from ``caller`` (its certified id under TLS)."""
-        return self._servicer._open.get(caller, 0) if self._servicer is not None else 0
+        if self._servicer is None:
+            return 0
+        return self._servicer.admission.open_calls.get(caller, 0)
 
     def channel_count(self) -> int:
         return sum(len(lane) for lane in self._channels.values())
