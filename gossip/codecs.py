@@ -223,16 +223,22 @@ class SignCodec(Codec):
     def _quantize(
         self, x: torch.Tensor, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        xb = _blocks(x, self.block_size)  # (n_blocks, block_size)
+        # Only the last block is padded: a padded copy of the whole model (what _blocks makes)
+        # was a third of sign's encode in a profiled node. Padding is zeros: its bits are ones.
+        bs = self.block_size
+        whole = x.numel() // bs * bs
         # Mean |x| over the real values only: padding must not shrink the last block's scale.
-        counts = torch.full((xb.shape[0],), float(self.block_size), device=x.device)
-        counts[-1] = x.numel() - (xb.shape[0] - 1) * self.block_size
-        scales = xb.abs().sum(dim=1) / counts
-        bits = (xb >= 0).view(-1, 8).view(torch.uint8)  # (n_codes, 8), each 0 or 1
+        scales = [x[:whole].view(-1, bs).abs().sum(dim=1) / bs]
+        signs = [x[:whole] >= 0]
+        if whole < x.numel():
+            last = _blocks(x[whole:], bs)  # (1, block_size)
+            scales.append(last.abs().sum(dim=1) / (x.numel() - whole))
+            signs.append(last.view(-1) >= 0)
+        bits = (torch.cat(signs) if len(signs) > 1 else signs[0]).view(-1, 8).view(torch.uint8)
         codes = bits[:, 0].clone()
         for k in range(1, 8):  # value j of a code is its bit j
             codes |= bits[:, k] << k
-        return codes, scales
+        return codes, torch.cat(scales)
 
     def _dequantize(self, codes: torch.Tensor, scales: torch.Tensor, numel: int) -> torch.Tensor:
         signs = _table_on(_SIGNS, codes.device).index_select(0, codes.to(torch.int32))

@@ -33,6 +33,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
+from gossip.codecs import all_finite
+
 __all__ = [
     "CHECKPOINT_FILE",
     "PREVIOUS_FILE",
@@ -140,7 +142,7 @@ class Checkpoint:
 
 
 def _finite(t: torch.Tensor) -> bool:
-    return not t.is_floating_point() or bool(torch.isfinite(t).all())
+    return not t.is_floating_point() or all_finite(t)
 
 
 def _flatten_optimizer(state: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], Any]:

@@ -251,6 +251,19 @@ def test_sign_packs_value_j_of_each_eight_into_bit_j() -> None:
     assert torch.equal(signs, torch.where(x >= 0, 1.0, -1.0))
 
 
+def test_sign_pads_only_the_last_block_with_ones_and_scales_it_by_its_real_values() -> None:
+    """A model rarely fills its last block: the padding reads as zeros (bits set), and the
+    last block's scale is the mean |x| of the values it really holds."""
+    x = torch.tensor([1.0, -1.0, -2.0, 3.0, 0.0, -0.5, -4.0, 2.0, -1.0, 2.0])
+    enc = get_codec("sign", 8).encode(x)
+    assert enc.data == bytes([0b10011001, 0b11111110])
+    assert struct.unpack("<2f", enc.scales) == pytest.approx([13.5 / 8, 1.5])
+    first = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0, 1.0]) * (13.5 / 8)
+    assert torch.equal(
+        get_codec("sign", 8).decode(enc), torch.cat([first, torch.tensor([-1.5, 1.5])])
+    )
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_all_finite_answers_for_every_value_even_when_the_sum_overflows(
     dtype: torch.dtype,
