@@ -79,6 +79,10 @@ async def test_a_node_behind_nat_given_several_members_joins_through_them(
             await node.stop(grace_s=0)
 
 
+def probed_its_relays(node: Node) -> bool:
+    return node.peers.dialout.probes > 0
+
+
 async def test_nodes_nobody_can_dial_join_and_train_through_sessions(
     swarm: dict[str, Node],
 ) -> None:
@@ -112,8 +116,7 @@ async def test_nodes_nobody_can_dial_join_and_train_through_sessions(
     # Honest relays: nothing held against them once each node has probed them (every 2 s: a
     # quick swarm may finish training before the first probe).
     for n in ("nat-1", "nat-2"):
-        dialout = swarm[n].peers.dialout
-        await swarm[n].wait_until(lambda d=dialout: d.probes > 0, TIMEOUT_S)
+        await swarm[n].wait_until(partial(probed_its_relays, swarm[n]), TIMEOUT_S)
     assert [(await swarm[n].status()).relay_faults for n in ("nat-1", "nat-2")] == [0, 0]
     assert sum(s.relayed_bytes for s in statuses) > 0
 

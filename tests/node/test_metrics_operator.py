@@ -58,6 +58,7 @@ async def test_a_scrape_serves_build_info_histograms_and_process_metrics(tmp_pat
         await node.wait_until(lambda: gossiped(node), TIMEOUT_S)
         metrics = await scrape(node)
         rounds_after = node.counters.rounds
+        received_after = node.counters.bytes_received
 
     [build] = metrics["murmur_build_info"].samples
     assert build.value == 1.0
@@ -81,10 +82,12 @@ async def test_a_scrape_serves_build_info_histograms_and_process_metrics(tmp_pat
     assert 5 <= steps - 1 <= count <= node.trainer.step
     assert 0 < total < TIMEOUT_S * count
 
-    # Deltas only: their bytes are part of every byte received (snapshots are the rest).
+    # Deltas only: their bytes are part of every byte received (snapshots are the rest). The
+    # counter in the scrape was read before the histogram, so the bound is the count after it.
     count, total = check_histogram(metrics["murmur_received_delta_bytes"])
     assert count >= 1
-    assert 0 < total <= value(metrics["murmur_received_bytes"], "_total")
+    assert 0 < value(metrics["murmur_received_bytes"], "_total") <= received_after
+    assert 0 < total <= received_after
     assert buckets(metrics["murmur_received_delta_bytes"])[0][1] == 0  # none under 256 bytes
 
     assert value(metrics["process_resident_memory_bytes"]) > 0
