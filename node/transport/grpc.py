@@ -1,9 +1,14 @@
-"""The gRPC transport: a grpc.aio server for the node's handler, and channels to peers.
+"""The gRPC transport: a grpc.aio server for the node's handler, and the calls to peers.
 
 Refusals travel as a gRPC status (INVALID_ARGUMENT when the message itself is wrong,
 FAILED_PRECONDITION when it does not fit the receiver's state) with the reason in the trailing
 metadata key ``murmur-reason``, so the caller gets back the same :class:`Rejected`. The server
 side, which judges every caller before it reads its message, is node/transport/grpc_server.py.
+
+This module holds the transport and its calls: to a peer's address, down a session it holds to
+this node, or through the relays of a member nobody can dial. The channels the calls go on
+(lanes, bounds, TLS credentials) are node/transport/grpc_channels.py; how a failed call reads as
+:class:`Rejected` or :class:`Unreachable` is node/transport/grpc_errors.py.
 """
 
 from __future__ import annotations
@@ -11,10 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -34,19 +36,18 @@ from node.transport.base import (
     CONTROL_ACTIONS,
     UNDIALLABLE_DOMAIN,
     Handler,
-    HandshakeFailed,
-    Reason,
     Rejected,
     Route,
     Unreachable,
     snapshot_chunks,
 )
 from node.transport.forwarding import PROBE, ForwardChecks, Forwarder
+from node.transport.grpc_channels import ChannelPool, Lane
 from node.transport.grpc_config import GrpcTransportConfig
+from node.transport.grpc_errors import error_of, map_error
 from node.transport.grpc_server import REASON_KEY, Servicer, add_servicer, lenient
 from node.transport.session import SessionTable, TunnelStub
 from node.transport.session_serve import serve_session
-from protos import murmur_pb2_grpc
 
 if TYPE_CHECKING:
     import torch
@@ -54,72 +55,6 @@ if TYPE_CHECKING:
 __all__ = ["GrpcTransport", "GrpcTransportConfig"]
 
 log = logging.getLogger(__name__)
-
-#: Codes that mean "could not talk to the peer", not "the peer said no".
-_UNREACHABLE_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.INTERNAL,
-    }
-)
-
-
-_VERIFY_FAILED = re.compile(r"CERTIFICATE_VERIFY_FAILED: ([^:]+)")
-
-
-def _handshake_failure(address: str, details: str) -> HandshakeFailed | None:
-    """What a failed TLS handshake means, from gRPC's details (which name OpenSSL's error):
-    the client learns of a certificate it refuses by name, of one the server refused only by
-    the server closing the connection."""
-    if "WRONG_VERSION_NUMBER" in details:
-        return HandshakeFailed(
-            f"{address} speaks plain TCP (it runs --insecure), this node mutual TLS"
-        )
-    verify = _VERIFY_FAILED.search(details)
-    if verify is not None:
-        cause = verify.group(1).strip()
-        if "issuer" in cause:
-            cause = f"its certificate is not from this swarm's CA ({cause})"
-        return HandshakeFailed(f"TLS handshake with {address} failed: {cause}")
-    if "Failed to create security handshaker" in details:
-        return HandshakeFailed(
-            f"no TLS handshake with {address} could start: does this node's key fit its "
-            "certificate?"
-        )
-    # Closed while connecting (not mid-call, as a crash would): the server refused the handshake.
-    if "Socket closed" in details and "failed to connect" in details:
-        return HandshakeFailed(
-            f"{address} closed the connection in the handshake: it refused this node's "
-            "certificate (from another CA, or expired by its clock), or it runs mutual TLS "
-            "and this node plain TCP (--insecure)"
-        )
-    if "handshake" in details.lower():
-        return HandshakeFailed(f"TLS handshake with {address} failed: {details}")
-    return None
-
-
-def _error_of(
-    address: str, code: grpc.StatusCode, details: str | None, metadata: Any
-) -> Rejected | Unreachable:
-    for key, value in metadata or ():
-        if key == REASON_KEY:
-            try:
-                reason = Reason(value)
-            except ValueError:
-                break
-            return Rejected(reason, (details or "").removeprefix(f"{reason}: "))
-    if code in _UNREACHABLE_CODES or code == grpc.StatusCode.OK:
-        return _handshake_failure(address, details or "") or Unreachable(
-            f"{address}: {code.name}: {details}"
-        )
-    return Rejected(Reason.MALFORMED, f"{address} answered {code.name}: {details}")
-
-
-def _map_error(address: str, err: grpc.aio.AioRpcError) -> Rejected | Unreachable:
-    return _error_of(address, err.code(), err.details(), err.trailing_metadata())
 
 
 class GrpcDeltaStream:
@@ -131,7 +66,7 @@ class GrpcDeltaStream:
 
     async def _failure(self) -> Rejected | Unreachable:
         call = self._call
-        return _error_of(
+        return error_of(
             self.address, await call.code(), await call.details(), await call.trailing_metadata()
         )
 
@@ -145,20 +80,13 @@ class GrpcDeltaStream:
         try:
             ack = await self._call.read()
         except grpc.aio.AioRpcError as err:
-            raise _map_error(self.address, err) from None
+            raise map_error(self.address, err) from None
         if ack is grpc.aio.EOF:
             raise await self._failure()
         return int(ack.replica_seq)
 
     def cancel(self) -> None:
         self._call.cancel()
-
-
-@dataclass
-class _Channel:
-    channel: grpc.aio.Channel
-    stub: murmur_pb2_grpc.MurmurStub
-    used: float
 
 
 class GrpcTransport:
@@ -171,15 +99,7 @@ class GrpcTransport:
         self._server: grpc.aio.Server | None = None
         self._servicer: Servicer | None = None
         self._node_checks: ForwardChecks | None = None
-        # Per lane, least recently used first.
-        self._channels: dict[str, OrderedDict[str, _Channel]] = {
-            "bulk": OrderedDict(),
-            "control": OrderedDict(),
-            # Dial-out sessions, each on a connection of its own.
-            "session": OrderedDict(),
-        }
-        #: Closes of channels replaced or let go (held so that they run to the end).
-        self._closing: set[asyncio.Future[None]] = set()
+        self._channels = ChannelPool(self.cfg, self._clock)
         #: Checks member records before the handler sees them (set by the node; see
         #: :class:`node.security.signing.RecordScreen`); None hands them on as they came.
         self.screen: RecordScreen | None = None
@@ -207,7 +127,7 @@ class GrpcTransport:
         return self._servicer.admission.open_calls.get(caller, 0)
 
     def channel_count(self) -> int:
-        return sum(len(lane) for lane in self._channels.values())
+        return len(self._channels)
 
     async def serve(self, handler: Handler, listen: str) -> str:
         server = grpc.aio.server(
@@ -247,20 +167,14 @@ class GrpcTransport:
             )
         return f"{host}:{port}"
 
-    def _let_go(self, entry: _Channel) -> None:
-        self._closing.add(asyncio.ensure_future(entry.channel.close()))
-        self._closing = {t for t in self._closing if not t.done()}
-
-    def _stub(self, address: str, lane: str = "bulk") -> Any:
+    def _stub(self, address: str, lane: Lane = "bulk") -> Any:
         """The stub for ``address`` on one of two connections: ``bulk`` carries models (deltas,
         snapshots, pulls), ``control`` the small, deadline-bound calls (membership pings, hellos,
         status). On a slow link a ping on the bulk connection would wait behind megabytes of
         model in its socket buffer and time out: a false suspicion.
 
-        Channels are bounded per lane (least recently used closed first), and control channels
-        unused for ``control_idle_s`` are closed: a node answers and probes any address it is
-        given, and would otherwise keep a channel to each for good. Bulk channels carry
-        long-lived delta streams, so only the bound applies to them."""
+        A peer that holds a session to this node is reached down it; any other on a channel of
+        the lane, which are bounded and expire (node/transport/grpc_channels.py)."""
         peer = self.sessions.get(address)
         if peer is not None:  # it opened a session to us: the one way to reach it
             return TunnelStub(peer)
@@ -268,48 +182,14 @@ class GrpcTransport:
             # A node nobody can dial, without a session to us: a dial would only wait for its
             # deadline on a name that never resolves.
             raise Unreachable(f"{address} cannot be dialled: it holds no session to this node")
-        channels = self._channels[lane]
-        now = self._clock.now()
-        entry = channels.pop(address, None)
-        failed = grpc.ChannelConnectivity.TRANSIENT_FAILURE
-        if entry is not None and entry.channel.get_state() == failed:
-            # The peer was unreachable, and the channel would fail every call at once until its
-            # reconnect back-off (up to minutes) ran out, even once the peer is back at the same
-            # address, as a restarted device or container is. A new channel tries now.
-            self._let_go(entry)
-            entry = None
-        if entry is None:
-            # A channel pool of its own, so that the two lanes never share a connection.
-            options = [*self.cfg.channel_options(), ("grpc.use_local_subchannel_pool", 1)]
-            tls = self.cfg.tls
-            if tls is None:
-                channel = grpc.aio.insecure_channel(address, options=options)
-            else:
-                creds = grpc.ssl_channel_credentials(tls.ca_pem, tls.key_pem, tls.cert_pem)
-                channel = grpc.aio.secure_channel(address, creds, options=options)
-            stub = murmur_pb2_grpc.MurmurStub(channel)  # type: ignore[no-untyped-call]
-            entry = _Channel(channel, stub, now)
-        entry.used = now
-        channels[address] = entry  # most recently used last
-        limit = self.cfg.control_channels if lane == "control" else self.cfg.bulk_channels
-        if lane == "session":
-            limit = self.cfg.bulk_channels
-        while len(channels) > limit:
-            self._let_go(channels.popitem(last=False)[1])
-        if lane == "control":
-            while channels:
-                oldest = next(iter(channels.values()))
-                if now - oldest.used <= self.cfg.control_idle_s:
-                    break
-                self._let_go(channels.popitem(last=False)[1])
-        return entry.stub
+        return self._channels.stub(address, lane)
 
     async def call_hello(self, address: str, hello: Hello, timeout_s: float) -> Hello:
         try:
             stub = self._stub(address, "control")
             reply = await stub.Hello(wire.hello_to_pb(hello), timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
-            raise _map_error(address, err) from None
+            raise map_error(address, err) from None
         answer = wire.hello_from_pb(reply)
         if self.screen is not None:
             # Asked for, so not held to a budget; but checked off the event loop all the same.
@@ -321,7 +201,7 @@ class GrpcTransport:
         try:
             ack = await self._stub(address).PushDelta(wire.delta_to_pb(delta), timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
-            raise _map_error(address, err) from None
+            raise map_error(address, err) from None
         return int(ack.replica_seq)
 
     async def open_delta_stream(self, address: str) -> GrpcDeltaStream:
@@ -337,7 +217,7 @@ class GrpcTransport:
         try:
             ack = await self._stub(address).PushSnapshot(requests(), timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
-            raise _map_error(address, err) from None
+            raise map_error(address, err) from None
         return int(ack.replica_seq)
 
     async def call_status(self, address: str, timeout_s: float) -> NodeStatus:
@@ -345,7 +225,7 @@ class GrpcTransport:
             stub = self._stub(address, "control")
             reply = await stub.Status(wire.pb.StatusRequest(), timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
-            raise _map_error(address, err) from None
+            raise map_error(address, err) from None
         return wire.status_from_pb(reply)
 
     async def call_control(self, address: str, action: str, timeout_s: float) -> tuple[bool, str]:
@@ -357,7 +237,7 @@ class GrpcTransport:
         try:
             reply = await self._stub(address, "control").Control(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
-            raise _map_error(address, err) from None
+            raise map_error(address, err) from None
         return bool(reply.paused), str(reply.reason)
 
     async def call_swim(self, address: str, message: SwimMessage, timeout_s: float) -> str:
@@ -368,7 +248,7 @@ class GrpcTransport:
         try:
             reply = await self._stub(address, "control").Swim(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
-            raise _map_error(address, err) from None
+            raise map_error(address, err) from None
         return str(reply.node_id)
 
     async def _forward_swim(
@@ -431,11 +311,11 @@ class GrpcTransport:
         try:
             answer = await self._stub(relay, "control").Forward(forward, timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
-            raise _map_error(relay, err) from None
+            raise map_error(relay, err) from None
         if not answer.has_message:
             metadata = ((REASON_KEY, answer.reason),) if answer.reason else ()
             code = next((c for c in grpc.StatusCode if c.value[0] == answer.code), None)
-            raise _error_of(to, code or grpc.StatusCode.UNKNOWN, answer.details, metadata)
+            raise error_of(to, code or grpc.StatusCode.UNKNOWN, answer.details, metadata)
         if self.forwarder.answer_signer(to, relay, frame, answer) is None:
             raise Unreachable(f"{relay}: the answer from {to} is not signed for this call")
         return answer
@@ -483,7 +363,7 @@ class GrpcTransport:
                 on_fault=on_fault,
             )
         except grpc.aio.AioRpcError as err:
-            raise _map_error(address, err) from None
+            raise map_error(address, err) from None
         except PermissionError as err:
             raise Unreachable(str(err)) from None
         finally:
@@ -500,7 +380,7 @@ class GrpcTransport:
             async for chunk in call:
                 yield wire.model_chunk_from_pb(chunk)
         except grpc.aio.AioRpcError as err:
-            raise _map_error(address, err) from None
+            raise map_error(address, err) from None
         finally:
             call.cancel()
 
@@ -510,9 +390,6 @@ class GrpcTransport:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
-        for lane in self._channels.values():
-            while lane:
-                await lane.popitem()[1].channel.close()
-        await asyncio.gather(*self._closing)
+        await self._channels.close()
         if self.screen is not None:
             await asyncio.to_thread(self.screen.close)
