@@ -122,7 +122,7 @@ def test_the_graph_sees_the_packages() -> None:
     edges = graph()
     assert "node.daemon.node" in edges
     assert "gossip.replicas" in edges
-    assert "node.daemon.service" in edges["node.daemon.node"]
+    assert "node.daemon.service" in edges["node.daemon.assembly"]
     assert "gossip.replicas" in edges["node.daemon.inbound"]
 
 
