@@ -5,9 +5,11 @@ left to piggyback), links open with a snapshot each, as after a join, and traini
 Churn, if any, then takes nodes away (announced or silent) and brings new ones, which join
 through a random live member and pull the model from a neighbour before they link and train.
 
-Every ``eval_every_s`` the swarm is sampled: consensus distance (cheap: one stack of the
-models), the accuracy of the averaged model and of every node's own (the expensive part, on
-the task's shared held-out set), bytes and rounds per node.
+This module holds the swarm: building it, its nodes and network, churn and pauses, and the
+run, which samples the swarm every ``eval_every_s``. Beside it, node/sim/sampling.py holds what
+a sample and the run's summary are and how they are measured (``Sample`` and ``Summary`` are
+importable from here too), and node/sim/pulls.py how a joiner, or a node back from a long
+pause, pulls the model.
 """
 
 from __future__ import annotations
@@ -15,106 +17,28 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
-import json
 import math
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
 
 import torch
 
 from gossip.clock import ManualClock
-from gossip.digest import model_digest
 from gossip.events import EventQueue, LinkLatency, Network
 from gossip.relays import relay_order
-from gossip.simulate import consensus_distance
 from gossip.swim import SwimMessage
 from gossip.topology import block_region
-from node.daemon.flat import FlatParams
 from node.sim.config import SimConfig
 from node.sim.decodes import sharing_decodes
-from node.sim.link import REPLY_BYTES
 from node.sim.nat import Reachability
-from node.sim.node import CPU, SimNode
+from node.sim.node import SimNode
+from node.sim.pulls import Pulls
+from node.sim.sampling import Gauge, Sample, Summary, Turnover, partial_views
 from node.sim.world import Resuming
-from node.tasks.base import Shard, Task, evaluate_task, load_task
-from node.transport import wire
+from node.tasks.base import Shard, Task, load_task
 
 __all__ = ["Sample", "Simulation", "Summary"]
-
-
-@dataclass(frozen=True)
-class Sample:
-    """The swarm at one moment of simulated time ``t`` (live nodes that train and do not
-    attack)."""
-
-    t: float
-    live: int
-    consensus_distance: float  # (1/n) Σ ||x_i - x̄||²
-    relative_distance: float  # the same over ||x̄||²
-    avg_accuracy: float  # of the averaged model x̄
-    worst_accuracy: float  # of the worst node's own model
-    best_accuracy: float  # of the best node's own model
-    mean_accuracy: float  # of the nodes' own models, averaged
-    avg_loss: float  # eval loss of the averaged model x̄
-    worst_loss: float  # the highest eval loss of a node's own model
-    mean_loss: float  # of the nodes' own models, averaged
-    bytes_per_node: float  # gossip (deltas and snapshots) sent, as the daemon counts it
-    swim_bytes_per_node: float  # membership messages sent
-    rounds_per_node: float
-    steps_per_node: float
-    joined: int
-    departed: int
-    wall_s: float
-    events: int
-    #: Training nodes whose live view is not exactly the nodes that are up (0: one view).
-    partial_views: int = 0
-    #: Evictions so far by the honest nodes' anomaly scores (robust mixing), of an honest
-    #: neighbour and of an attacker.
-    evicted_honest: int = 0
-    evicted_attackers: int = 0
-    #: Membership bytes relays passed on for nodes behind NAT, over every node slot.
-    relayed_bytes_per_node: float = 0.0
-    #: Of the bytes relayed for a node behind NAT, the share its busiest relay carried (mean).
-    busiest_relay_share: float = 0.0
-    #: Nodes behind NAT among the live ones.
-    behind_nat: int = 0
-    #: Nodes paused now (SimConfig.paused_fraction); the other figures leave them out.
-    paused: int = 0
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-
-@dataclass(frozen=True)
-class Summary:
-    """When the swarm first got there (simulated seconds; None: not within the run)."""
-
-    nodes: int
-    topology: str
-    codec: str
-    duration_s: float
-    consensus_s: float | None
-    consensus_rounds: float | None
-    target_avg_s: float | None
-    target_worst_s: float | None
-    target_rounds: float | None
-    bytes_per_node: float
-    bytes_per_node_per_round: float
-    final: Sample
-    wall_s: float
-    events: int
-    tensor_bytes_per_node: float
-    #: Seconds from the end of the partition to the first sample with one view (None: no
-    #: partition, or not within the run).
-    healed_s: float | None = None
-    #: What the targets are of: the task's metric (accuracy, loss or perplexity) and the value.
-    metric: str = "accuracy"
-    target: float | None = None
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
 
 
 class Simulation:
@@ -141,12 +65,10 @@ class Simulation:
         self.codec = sharing_decodes(cfg.gossip.swarm_codec())
         self.factory = load_task(cfg.task)
         self.nodes: dict[str, SimNode] = {}
-        #: Nodes gone, and what they sent (a departed node's model and data are let go).
-        self.departed = 0
-        self._gone_bytes = 0
-        self._gone_swim_bytes = 0
-        self.joined = 0
-        self.pull_bytes = 0
+        #: Nodes that came and went, and what the departed sent.
+        self.turnover = Turnover()
+        #: Model pulls, of joiners and of nodes back from a long pause.
+        self.pulls = Pulls(self.events, self.network, self.rng, self.nodes)
         self._count = 0
         self._free_shards: list[int] = []
         self._started = time.perf_counter()
@@ -180,17 +102,9 @@ class Simulation:
         if cfg.paused_fraction > 0:  # each node paused with that chance from the start
             for n in list(self.nodes.values()):
                 self._pauses(n, paused=self.rng.random() < cfg.paused_fraction)
-        self._probe = self._task(0, 0)
-        self._probe_flat = FlatParams(self._probe.model)
-        #: What the swarm is judged by, and the value counted as reached.
-        self.metric = self._probe.metric
-        self.target = (
-            cfg.target_accuracy
-            if self.metric == "accuracy"
-            else cfg.target_loss
-            if cfg.target_loss is not None
-            else self._probe.target
-        )
+        # The probe is built after the nodes: building a task reseeds torch, so this order is
+        # part of what a seed reproduces.
+        self.gauge = Gauge(cfg, self._task(0, 0), self.turnover, self.nat, self._started)
         self.samples: list[Sample] = []
         churn = cfg.churn
         for rate, what in (
@@ -308,9 +222,7 @@ class Simulation:
 
     def _depart(self, node: SimNode) -> None:
         del self.nodes[node.address]
-        self.departed += 1
-        self._gone_bytes += node.counters.bytes_sent
-        self._gone_swim_bytes += node.swim_bytes
+        self.turnover.depart(node)
         self._free_shards.append(node.shard)
 
     def _leave(self) -> None:
@@ -346,7 +258,7 @@ class Simulation:
         else:
             shard = self.rng.randrange(self.cfg.nodes)
         node = self._make_node(shard)
-        self.joined += 1
+        self.turnover.joined += 1
         if self.cfg.paused_fraction > 0:
             self._pauses(node, paused=False)
         if self.nat.joiner():  # it joins through a member others can dial, its first relay
@@ -366,7 +278,7 @@ class Simulation:
             near = list(node.view.neighbours(g.topology, degree=g.degree, seed=g.seed).values())
             self.rng.shuffle(near)
             sources = [s for m in near if (s := self.live_node(m.address)) and s.training]
-            self._pull(node, sources[0] if sources else helper)
+            self.pulls.pull(node, sources[0] if sources else helper)
 
         rtt = 2 * self.network.latency(node.address, helper.address)
         self.events.after(rtt, introduced)
@@ -398,62 +310,13 @@ class Simulation:
         )
 
     def pull_after_pause(self, node: Resuming) -> None:
-        sources = self._sources()
-        sim_node = self.nodes.get(node.address)
-        if not sources or sim_node is None:
-            node.come_back()
-            return
-        self._pull(sim_node, self.rng.choice(sources), then=node.come_back)
+        """``node`` resumes after a long pause: it pulls the model first (node/sim/pulls.py)."""
+        self.pulls.after_pause(node)
 
-    def _sources(self) -> list[SimNode]:
-        """Nodes a model may be pulled from: training, and not paused."""
-        return [n for n in self.nodes.values() if n.training and not n.paused]
-
-    def _pull(self, node: SimNode, source: SimNode, then: Callable[[], None] | None = None) -> None:
-        """``node`` pulls ``source``'s model (another's, should ``source`` go meanwhile), then
-        links and trains, as a joiner (or, with ``then``, does that instead)."""
-
-        def at_source() -> None:
-            if not node.alive:
-                return
-            if not source.alive:
-                self._pull(node, self.rng.choice(self._sources() or [node]), then)
-                return
-            values = source.flat.flat.clone()
-            node.pulled_from = source.node_id
-            nbytes = wire.model_nbytes(values.numel(), source.step)
-            held = model_digest(values) == model_digest(node.flat.flat)
-            if held:  # the joiner named it: one chunk says it is the same (gossip/digest.py)
-                nbytes = wire.same_model_nbytes(values.numel(), source.step)
-            self.pull_bytes += nbytes
-
-            def send() -> None:
-                self.network.send(
-                    source.address, node.address, nbytes, lambda: pulled(values, held), lossy=False
-                )
-
-            cap = source.upload_cap
-            if cap is None:
-                send()
-                return
-            # Served in chunks at the cap's pace, as the daemon's port serves it: it is all
-            # there once the last chunk may go.
-            now = self.events.now()
-            self.events.at(
-                cap.reserve(nbytes, now) + max(0.0, nbytes - cap.capacity) / cap.model_rate, send
-            )
-
-        def pulled(values: torch.Tensor, held: bool) -> None:
-            if not node.alive:
-                return
-            node.adopt(values, self.rng.getrandbits(62), held)
-            if then is not None:
-                then()
-                return
-            node.start_links()  # and trains once its edges are up both ways, as the daemon
-            node.after_swim()
-
-        self.network.send(node.address, source.address, REPLY_BYTES, at_source, lossy=False)
+    @property
+    def pull_bytes(self) -> int:
+        """Bytes of every model pulled so far."""
+        return self.pulls.nbytes
 
     # -- running and sampling -----------------------------------------------------------------
 
@@ -472,114 +335,27 @@ class Simulation:
                 t = min(t + cfg.eval_every_s, cfg.duration_s)
         return self.summary()
 
-    def _evaluate(self, task: Task) -> tuple[float, float]:
-        return evaluate_task(task, CPU)
-
-    def _reached(self, accuracy: float, loss: float) -> bool:
-        if self.target is None:
-            return False
-        if self.metric == "accuracy":
-            return accuracy >= self.target
-        return loss <= self.target
-
     def sample(self) -> Sample:
-        live = [n for n in self.nodes.values() if n.training and not n.paused and n.attack is None]
-        everyone = list(self.nodes.values())
-        slots = max(1, len(everyone) + self.departed)
-        models = {n.node_id: n.flat.flat for n in live}
-        if live:
-            mean = torch.stack(list(models.values())).mean(dim=0)
-            cd = consensus_distance(models)
-            self._probe_flat.flat.copy_(mean)
-            avg_loss, avg = self._evaluate(self._probe)
-            evals = [self._evaluate(n.task) for n in live]
-            losses, accs = [e[0] for e in evals], [e[1] for e in evals]
-            rel = cd / max(float(mean.double().pow(2).sum()), 1e-30)
-        else:
-            cd = rel = avg = avg_loss = math.nan
-            accs = losses = [math.nan]
-        return Sample(
-            t=self.clock.now(),
-            live=len(live),
-            consensus_distance=cd,
-            relative_distance=rel,
-            avg_accuracy=avg,
-            worst_accuracy=min(accs),
-            best_accuracy=max(accs),
-            mean_accuracy=sum(accs) / len(accs),
-            avg_loss=avg_loss,
-            worst_loss=max(losses),
-            mean_loss=sum(losses) / len(losses),
-            bytes_per_node=(sum(n.counters.bytes_sent for n in everyone) + self._gone_bytes)
-            / slots,
-            swim_bytes_per_node=(sum(n.swim_bytes for n in everyone) + self._gone_swim_bytes)
-            / slots,
-            rounds_per_node=sum(n.counters.rounds for n in live) / max(1, len(live)),
-            steps_per_node=sum(n.step for n in live) / max(1, len(live)),
-            joined=self.joined,
-            departed=self.departed,
-            wall_s=time.perf_counter() - self._started,
-            events=self.events.processed,
-            partial_views=self.partial_views(),
-            relayed_bytes_per_node=self.nat.relayed_bytes / slots,
-            busiest_relay_share=self.nat.busiest_relay_share(),
-            behind_nat=sum(n.behind_nat for n in live),
-            paused=sum(n.paused for n in everyone),
-            **self._evictions(live),
-        )
-
-    def _evictions(self, live: list[SimNode]) -> dict[str, int]:
-        attackers = {n.node_id for n in self.nodes.values() if n.attack is not None}
-        evicted = [peer for n in live for peer in n.evictions]
-        bad = sum(peer in attackers for peer in evicted)
-        return {"evicted_honest": len(evicted) - bad, "evicted_attackers": bad}
+        """The swarm now (live nodes that train, are not paused and do not attack)."""
+        return self.gauge.sample(self.clock.now(), list(self.nodes.values()), self.events.processed)
 
     def partial_views(self) -> int:
         """Training nodes whose view of live members is not exactly the nodes that are up."""
-        up = sorted(n.node_id for n in self.nodes.values() if n.alive)
-        return sum(
-            [r.node_id for r in n.swim.live_members()] != up
-            for n in self.nodes.values()
-            if n.training
-        )
+        return partial_views(list(self.nodes.values()))
 
     def summary(self) -> Summary:
-        cfg = self.cfg
-        samples = self.samples
+        """When the swarm first got there, by the samples so far."""
+        return self.gauge.summary(self.samples, list(self.nodes.values()))
 
-        def first(ok: Callable[[Sample], bool]) -> Sample | None:
-            return next((s for s in samples if s.t > 0 and ok(s)), None)
+    @property
+    def metric(self) -> str:
+        """What the swarm is judged by: the task's metric (accuracy, loss or perplexity)."""
+        return self.gauge.metric
 
-        consensus = first(lambda s: s.relative_distance <= cfg.consensus_threshold)
-        target_avg = first(lambda s: self._reached(s.avg_accuracy, s.avg_loss))
-        target_worst = first(lambda s: self._reached(s.worst_accuracy, s.worst_loss))
-        final = samples[-1]
-        live = [n for n in self.nodes.values() if n.training]
-        split = cfg.net.partition
-        healed = None
-        if split is not None:
-            end = split.at_s + split.for_s
-            healed = next((s for s in samples if s.t >= end and s.partial_views == 0), None)
-        return Summary(
-            nodes=cfg.nodes,
-            topology=cfg.gossip.topology,
-            codec=cfg.gossip.codec,
-            duration_s=final.t,
-            consensus_s=consensus.t if consensus else None,
-            consensus_rounds=consensus.rounds_per_node if consensus else None,
-            target_avg_s=target_avg.t if target_avg else None,
-            target_worst_s=target_worst.t if target_worst else None,
-            target_rounds=target_avg.rounds_per_node if target_avg else None,
-            bytes_per_node=final.bytes_per_node,
-            bytes_per_node_per_round=final.bytes_per_node / max(final.rounds_per_node, 1e-9),
-            final=final,
-            wall_s=final.wall_s,
-            events=final.events,
-            tensor_bytes_per_node=sum(n.tensor_bytes() for n in live) / max(1, len(live)),
-            healed_s=healed.t - (split.at_s + split.for_s) if healed and split else None,
-            metric=self.metric,
-            target=self.target,
-        )
+    @property
+    def target(self) -> float | None:
+        """The value of ``metric`` counted as reached (None: none)."""
+        return self.gauge.target
 
 
 @contextlib.contextmanager
