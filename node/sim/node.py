@@ -10,12 +10,17 @@ waits), SWIM for who is there, the link machine (through ``SimLink``) for what e
 and the ``Inbound`` path for what it takes. What the daemon does on threads and an event loop
 happens here as events on the simulation's queue; a step takes ``step_time_s`` of simulated
 time.
+
+:class:`SimNode` is built from parts, each in its own module, as the daemon's node is: this
+module holds what the node keeps and how it is wired, its lifecycle (linking, the wait for its
+edges, leaving), the inbound path, pausing and adopting a pulled model; node/sim/training.py
+its local steps and rounds (:class:`SimTrainer`); node/sim/membership.py its SWIM state, view
+and relays behind NAT (:class:`SimMembership`); node/sim/link.py each link (:class:`SimLink`).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -23,26 +28,25 @@ from gossip.budget import ByteBudget
 from gossip.codec_choice import LinkCodecs
 from gossip.codecs import AutoCodec
 from gossip.digest import model_digest
-from gossip.link import LinkConfig, round_pace
+from gossip.link import LinkConfig
 from gossip.membership import MemberView
-from gossip.messages import PROTOCOL_VERSION, Delta, Member, SnapshotHeader
+from gossip.messages import Delta, Member, SnapshotHeader
 from gossip.mixing import MixConfig, Mixer
 from gossip.outer import OuterNesterov
-from gossip.pacing import RoundPacer
 from gossip.refusals import Reason
-from gossip.relays import choose_relays
 from gossip.replicas import GossipState, UpdateGuard
-from gossip.swim import MemberRecord, Outgoing, Swim, SwimMessage
+from gossip.swim import Swim, SwimMessage
 from gossip.upload_cap import BUDGET_CHARGE, UploadCap
-from node.daemon.dialout import PROBE_EVERY_S, PROBE_MISSES, PROBE_TIMEOUT_S
 from node.daemon.flat import FlatParams
 from node.daemon.inbound import Inbound
 from node.daemon.neighbourhood import Neighbourhood
 from node.daemon.pause import PULL_AFTER_PAUSE_S
 from node.daemon.peers import LEAVE_FANOUT
 from node.daemon.steps import run_here
-from node.daemon.trainer import batches, train_step
+from node.daemon.trainer import batches
 from node.sim.link import SimLink
+from node.sim.membership import SimMembership
+from node.sim.training import SimTrainer
 from node.sim.world import World
 from node.tasks.base import Task
 from node.telemetry.events import Counters
@@ -52,9 +56,6 @@ from node.transport.base import Rejected
 __all__ = ["SimNode"]
 
 CPU = torch.device("cpu")
-#: The sizes of a P-256 public key (DER SubjectPublicKeyInfo) and of an ECDSA signature (DER).
-FAKE_PUBLIC_KEY = bytes(91)
-FAKE_SIGNATURE = bytes(71)
 
 
 class SimNode:
@@ -92,11 +93,8 @@ class SimNode:
         self.task = task
         self.step_s = step_s
         self.flat = FlatParams(task.model)
-        self.optimizer = task.make_optimizer()
-        self.schedule = task.make_schedule(self.optimizer, cfg.steps)
-        self._batches: Iterator[tuple[torch.Tensor, ...]] = batches(
-            task, CPU, cfg.seed * 1_000_003 + shard
-        )
+        #: Its steps and rounds (node/sim/training.py).
+        self.trainer = SimTrainer(self, batches(task, CPU, cfg.seed * 1_000_003 + shard))
         rounding = torch.Generator().manual_seed(rng.getrandbits(62))
         guard = UpdateGuard(consistency=1.0 if g.robust else None)  # as the daemon's
         self.state = GossipState(
@@ -108,20 +106,8 @@ class SimNode:
             guard,
             per_link=sim.cfg.gossip.pace == "link",
         )
-        self.swim = Swim(
-            node_id,
-            self.address,
-            incarnation,
-            cfg.membership,
-            sim.clock,
-            rng,
-            # Records carry a key and a signature of a real node's sizes, so that membership
-            # messages weigh what they do on the wire; nothing checks them (no crypto cost).
-            sign=lambda claim: FAKE_SIGNATURE,
-            public_key=FAKE_PUBLIC_KEY,
-        )
-        self.view = MemberView(self.swim)
-        self.pacer = RoundPacer(g.local_steps, g.max_local_steps)
+        #: Its SWIM state and view, and its relays behind NAT (node/sim/membership.py).
+        self.membership = SimMembership(self, incarnation, rng)
         self.attack = attack
         outer = OuterNesterov(g.outer_lr, g.outer_momentum) if g.outer_lr else None
         mix = MixConfig(
@@ -157,30 +143,14 @@ class SimNode:
             g,
             self._open_link,
             SimLink.close,
-            lambda peer: self.send_swim([self.swim.ping(peer.address)]),
+            lambda peer: self.membership.send([self.swim.ping(peer.address)]),
             self.mixer.set_neighbours,
         )
         self.counters = Counters()
-        #: Every neighbour this node's anomaly score evicted, once per eviction (robust mixing).
-        self.evictions: list[str] = []
         self.inbound = Inbound(self.state, self.counters, sim.clock)
-        self.swim_bytes = 0
-        #: Nobody can dial this node (node/sim/nat.py): it names relays.
-        self.behind_nat = False
-        #: Addresses of members nobody can dial -> their relays, from this node's view.
-        self.routes: dict[str, tuple[str, ...]] = {}
-        self._misses: dict[str, int] = {}
-        self._failed: set[str] = set()
-        #: The live members' addresses (by id, and as a set), as this node's view has them.
-        self._addresses: dict[str, str] = {}
-        self._live: set[str] = set()
-        self.step = 0
-        self.loss = float("nan")
         #: Paused (SimConfig.paused_fraction): a member, out of the topology, idle.
         self.paused = False
         self._paused_at = 0.0
-        # Each pause ends the chain of step (or idle round) events; a resume starts a new one.
-        self._chain = 0
         self.alive = True
         self.training = False
         #: Linked, and waiting for every edge to be up both ways before it trains.
@@ -210,6 +180,21 @@ class SimNode:
     def model(self) -> torch.Tensor:
         return self.flat.flat
 
+    @property
+    def step(self) -> int:
+        """Local steps taken."""
+        return self.trainer.step
+
+    @property
+    def loss(self) -> float:
+        """The last local step's loss (NaN before the first)."""
+        return self.trainer.loss
+
+    @property
+    def evictions(self) -> list[str]:
+        """Every neighbour this node's anomaly score evicted, once per eviction (robust mixing)."""
+        return self.trainer.evictions
+
     # -- wire sizes, from the daemon's wire module --------------------------------------------
 
     def delta_nbytes(self, delta: Delta) -> tuple[int, int]:
@@ -230,8 +215,8 @@ class SimNode:
         """The node has its starting model: link to the neighbours, and train once every edge
         is up both ways (or after ``wait_timeout_s``), as the daemon does."""
         run_here(self.neighbourhood.start_linking())
-        self._read_view()
-        self._follow_view()
+        self.membership.read_view()
+        self.membership.follow_view()
         self.waiting = True
         self.sim.events.after(self.sim.cfg.wait_timeout_s, self._start_training)
         self.check_ready()
@@ -250,25 +235,7 @@ class SimNode:
         self.training = True
         if self.paused:
             return  # the resume starts the steps
-        self._go_on()
-
-    def _go_on(self) -> None:
-        """Start a chain of steps, or of idle rounds once the step budget is spent."""
-        budget = self.sim.cfg.steps
-        if budget is not None and self.step >= budget:  # gossip alone, as a spent node
-            self._next_idle_round()
-        else:
-            self._after(self.step_s, self._local_step)
-
-    def _after(self, delay_s: float, what: Callable[[], None]) -> None:
-        """``what`` in ``delay_s``, unless a pause comes first."""
-        chain = self._chain
-
-        def fire() -> None:
-            if chain == self._chain:
-                what()
-
-        self.sim.events.after(delay_s, fire)
+        self.trainer.go_on()
 
     def _open_link(self, peer: Member) -> SimLink:
         link = SimLink(self, peer, self.link_cfg)
@@ -286,84 +253,8 @@ class SimNode:
 
     def leave(self) -> None:
         """Tell the neighbours first, then a few others, that this node leaves; then stop."""
-        self.send_swim(self.swim.leave(LEAVE_FANOUT, list(self.links)))
+        self.membership.send(self.swim.leave(LEAVE_FANOUT, list(self.links)))
         self.stop()
-
-    # -- training and rounds ------------------------------------------------------------------
-
-    def _local_step(self) -> None:
-        if not self.training:
-            return
-        budget = self.sim.cfg.steps
-        if self.pacer.held(self.step):
-            self.try_round()
-            if self.pacer.held(self.step):
-                # Held at the bound on local steps (node/daemon/rounds.py). The daemon is
-                # released the moment its links go idle; here a link turns idle by time as
-                # well as by events, so the node looks again a step's time later: its hold
-                # lasts at most one step longer than the daemon's would.
-                self.counters.held_s += self.step_s
-                self._after(self.step_s, self._local_step)
-                return
-        inputs, targets = next(self._batches)
-        self.loss = train_step(self.task, self.optimizer, inputs, targets, self.schedule)
-        self.step += 1
-        if self.pacer.due(self.step):
-            self.try_round()
-        if budget is None or self.step < budget:
-            self._after(self.step_s, self._local_step)
-        else:
-            self._next_idle_round()
-
-    def _next_idle_round(self) -> None:
-        interval_s = self.sim.cfg.gossip.idle_round_interval_s
-        if interval_s is not None:  # None: no rounds once training is over, as the daemon
-            self._after(interval_s, self._idle_round)
-
-    def _idle_round(self) -> None:
-        """After training: keep mixing toward the swarm, on a timer, as the daemon does."""
-        if not self.training:
-            return
-        self.try_round()
-        self._next_idle_round()
-
-    def try_round(self) -> bool:
-        """Make a round when the links can take it (``round_pace``, RoundPacer); offer it to
-        every link, or with a copy per link each ready link its own delta.
-
-        The daemon tells the pacer whenever a link may have turned busy or idle; here nothing
-        happens between two events, so asking the links when a round is due is the same.
-        """
-        machines = {peer: link.machine for peer, link in self.links.items()}
-        idle, ready = round_pace(machines, self.sim.events.now(), self.state.per_link)
-        self.pacer.links_idle = idle
-        if not self.pacer.begin(self.step):
-            return False
-        if self.codecs is not None:
-            meters = {peer: m.meter for peer, m in machines.items()}
-            compute_s = self.step_s * self.sim.cfg.gossip.local_steps
-            now = self.sim.events.now()
-            if self.state.per_link:
-                self.state.set_link_codecs(self.codecs.update(meters, compute_s, now))
-            else:
-                self.state.set_round_codec(self.codecs.update_all(meters, compute_s, now))
-        try:
-            made = self.mixer.round(self.flat.flat, ready=ready)
-            if made is None:
-                return False
-            self.counters.rounds += 1
-            self.evictions.extend(made.newly_evicted)
-            session, step, degree = self.state.session, self.step, self.degree
-            if made.links:
-                for peer, (seq, payload) in made.links.items():
-                    self.links[peer].offer(Delta(self.node_id, session, seq, step, payload, degree))
-                return True
-            delta = Delta(self.node_id, session, made.seq, step, made.payload, degree)
-            for link in list(self.links.values()):
-                link.offer(delta)
-            return True
-        finally:
-            self.pacer.end()
 
     # -- inbound: the daemon's path (node/daemon/inbound.py) ---------------------------------
 
@@ -383,115 +274,47 @@ class SimNode:
         self.check_ready()
         return seq
 
-    # -- membership ---------------------------------------------------------------------------
+    # -- membership (node/sim/membership.py) --------------------------------------------------
 
-    def send_swim(self, outgoing: Iterable[Outgoing]) -> None:
-        sim = self.sim
-        for out in outgoing:
-            message = out.message
-            nbytes = wire.swim_nbytes(message, PROTOCOL_VERSION)
-            self.swim_bytes += nbytes
-            relays = self.routes.get(out.address)
-            if relays and not sim.holds_session(out.address, self.address):
-                sim.relay_swim(self.address, out.address, relays, nbytes, message)
-                continue
-            sim.network.send(
-                self.address, out.address, nbytes, sim.swim_delivery(out.address, message)
-            )
+    @property
+    def swim(self) -> Swim:
+        return self.membership.swim
+
+    @property
+    def view(self) -> MemberView:
+        return self.membership.view
+
+    @property
+    def swim_bytes(self) -> int:
+        """Bytes of the membership messages this node sent."""
+        return self.membership.swim_bytes
+
+    @property
+    def behind_nat(self) -> bool:
+        """Nobody can dial this node (node/sim/nat.py): it names relays."""
+        return self.membership.behind_nat
 
     def receive_swim(self, message: SwimMessage) -> None:
-        self.send_swim(self.swim.receive(message))
-        self.after_swim()
-
-    def tick_swim(self) -> None:
-        if self.swim.next_deadline() <= self.sim.clock.now():
-            self.send_swim(self.swim.tick())
-        self.after_swim()
+        self.membership.receive(message)
 
     def after_swim(self) -> None:
-        """React to what changed (the daemon's membership task), and keep the timer set."""
-        if not self.alive:
-            return
-        changes = self.swim.drain_changes()
-        if changes:
-            for record in changes:
-                self._note(record)
-            self.update_topology()
-        self.sim.events.timer(self.address, self.swim.next_deadline(), self.tick_swim)
+        """React to what changed in the view, and keep SWIM's timer set."""
+        self.membership.after_swim()
+
+    def go_behind_nat(self, relays: tuple[str, ...]) -> None:
+        """From now on nobody can dial this node: it names ``relays``, then its neighbours."""
+        self.membership.go_behind_nat(relays)
+
+    def sessions(self) -> set[str]:
+        """The members this node holds dial-out sessions to and trusts (behind NAT)."""
+        return self.membership.sessions()
 
     def update_topology(self) -> None:
         """Derive the neighbours from the view; open and close links to match; and follow
         the view's relays (the daemon's Peers._follow_view)."""
         run_here(self.neighbourhood.update())
-        self._follow_view()
+        self.membership.follow_view()
         self.check_ready()
-
-    def _read_view(self) -> None:
-        """The live members' addresses and the routes to those behind NAT, from the whole view
-        (then kept up to date from each change: a thousand nodes each rereading a view of a
-        thousand on every change is what a simulation of them cannot afford)."""
-        self._addresses.clear()
-        self._live.clear()
-        self.routes.clear()
-        for record in self.swim.live_members():
-            self._note(record)
-
-    def _note(self, record: MemberRecord) -> None:
-        if record.node_id == self.node_id:
-            return
-        old = self._addresses.pop(record.node_id, None)
-        if old is not None:
-            self._live.discard(old)
-            self.routes.pop(old, None)
-        if record.live:
-            self._addresses[record.node_id] = record.address
-            self._live.add(record.address)
-            if record.relays:
-                self.routes[record.address] = record.relays
-
-    def _follow_view(self) -> None:
-        if self.behind_nat:
-            relays = choose_relays(self.swim.relays, self.sessions() & self._live)
-            if relays:
-                self.swim.set_relays(relays)
-
-    # -- behind NAT ---------------------------------------------------------------------------
-
-    def go_behind_nat(self, relays: tuple[str, ...]) -> None:
-        """From now on nobody can dial this node: it names ``relays`` (members it joined
-        through), then its neighbours as they come, and probes the relays it names."""
-        self.behind_nat = True
-        self.swim.set_relays(relays)
-        self.sim.events.after(PROBE_EVERY_S, self._probe_relays)
-
-    def _probe_relays(self) -> None:
-        """The daemon's probes (node/daemon/dialout.py): one through each relay; a relay
-        whose host is gone (a crash here is silent) fails it, known a timeout later."""
-        if not self.alive:
-            return
-        gone = [r for r in self.swim.relays if self.sim.live_node(r) is None]
-        for relay in self.swim.relays:
-            if relay not in gone:
-                self._misses.pop(relay, None)
-
-        def verdict() -> None:
-            for relay in gone:
-                self._misses[relay] = misses = self._misses.get(relay, 0) + 1
-                if misses >= PROBE_MISSES:
-                    self._failed.add(relay)
-            if gone and self.alive:
-                self._follow_view()
-
-        self.sim.events.after(PROBE_TIMEOUT_S, verdict)
-        self.sim.events.after(PROBE_EVERY_S, self._probe_relays)
-
-    def sessions(self) -> set[str]:
-        """The members this node holds dial-out sessions to and trusts (behind NAT): its
-        neighbours and the relays it names, less those whose probes failed."""
-        if not self.behind_nat:
-            return set()
-        near = {m.address for m in map(self.view.get, self.neighbourhood.neighbours) if m}
-        return (near | set(self.swim.relays)) - self._failed
 
     # -- pausing (the daemon's node/daemon/node.py _paused) -------------------------------------
 
@@ -502,10 +325,10 @@ class SimNode:
             return
         self.paused = True
         self._paused_at = self.sim.clock.now()
-        self._chain += 1
+        self.trainer.halt()
         if self.swim.set_paused(True):
             told = [m.address for m in map(self.view.get, self.neighbourhood.neighbours) if m]
-            self.send_swim([self.swim.ping(address) for address in told])
+            self.membership.send([self.swim.ping(address) for address in told])
         self.update_topology()
 
     def resume(self) -> None:
@@ -526,7 +349,7 @@ class SimNode:
         self.swim.set_paused(False)
         self.update_topology()
         if self.training:
-            self._go_on()
+            self.trainer.go_on()
 
     # -- joining ------------------------------------------------------------------------------
 
@@ -544,7 +367,7 @@ class SimNode:
         total = sum(t.numel() * t.element_size() for t in _shard_tensors(self.task))
         total += self.flat.flat.numel() * 4 + self.state.public.numel() * 4
         total += sum(r.value.numel() * 4 for r in self.state.replicas.values())
-        for group in self.optimizer.state.values():
+        for group in self.trainer.optimizer.state.values():
             total += sum(
                 v.numel() * v.element_size() for v in group.values() if isinstance(v, torch.Tensor)
             )
