@@ -327,7 +327,9 @@ class SimNode:
         self._paused_at = self.sim.clock.now()
         self.trainer.halt()
         if self.swim.set_paused(True):
-            told = [m.address for m in map(self.view.get, self.neighbourhood.neighbours) if m]
+            # In id order: the order of the pings sets the order of events at one instant.
+            near = sorted(self.neighbourhood.neighbours)
+            told = [m.address for m in map(self.view.get, near) if m]
             self.membership.send([self.swim.ping(address) for address in told])
         self.update_topology()
 
