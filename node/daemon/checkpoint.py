@@ -1,11 +1,10 @@
 """Checkpoints: the model, the optimizer, the public copy and facts about the node, in one
 safetensors file, written atomically, with a checksum, the one before it kept beside it.
 
-A checkpoint is written to a temporary file in the same folder, flushed to disk, then renamed
-over the old one (which first becomes the previous checkpoint), and the folder itself is synced:
-a power cut at any moment leaves a whole checkpoint, never a torn one. A SHA-256 over every
-tensor (name, dtype, shape, bytes) and the metadata travels in the header and is checked on load,
-so flipped bits are found instead of trained on.
+This module holds the :class:`Checkpoint` type, :func:`save_checkpoint` and
+:func:`load_checkpoint`, and what the node does with the files at its start (:func:`restore_latest`,
+:func:`quarantine`, :func:`check_fits`, :func:`remove_stale_temp_files`). The file itself (its
+format, its checksum, the atomic write) is in :mod:`node.daemon.checkpoint_file`.
 
 A checkpoint that cannot be used (torn, empty, garbage, a directory in its place, metadata that
 is not JSON, a wrong checksum, non-finite values, tensors that do not fit the model) is moved
@@ -17,23 +16,33 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
 import logging
 import os
-import struct
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from gossip.codecs import all_finite
+from node.daemon.checkpoint_file import (
+    CHECKSUM_KEY,
+    META_KEY,
+    OPTIM_KEY,
+    OPTIM_PREFIX,
+    PUBLIC_KEY,
+    SCHEDULE_KEY,
+    _checksum,
+    _flatten_optimizer,
+    _unflatten_optimizer,
+    _write_safetensors,
+    atomic_write,
+)
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -54,12 +63,6 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.safetensors"
 #: The checkpoint before the current one: the fallback when the current one is damaged.
 PREVIOUS_FILE = "checkpoint.previous.safetensors"
-PUBLIC_KEY = "murmur.public_copy"
-OPTIM_PREFIX = "murmur.optimizer."
-META_KEY = "murmur"
-OPTIM_KEY = "murmur.optimizer"
-SCHEDULE_KEY = "murmur.schedule"
-CHECKSUM_KEY = "murmur.sha256"
 #: A cause longer than this is cut: the node says what is wrong in one readable line.
 MAX_CAUSE_CHARS = 200
 
@@ -71,43 +74,6 @@ class CheckpointError(ValueError):
         super().__init__(f"{path}: {cause}")
         self.path = path
         self.cause = cause
-
-
-def atomic_write(
-    path: Path, data: bytes | Callable[[BinaryIO], None], previous: Path | None = None
-) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old or the new bytes, nothing else.
-
-    ``data`` is the bytes, or a function that writes them to the file it is given (so that a
-    large file never has to be in memory whole).
-
-    Each write goes through a temporary file of its own, so writers that overlap (a periodic
-    checkpoint still being written when the final one starts) never trip over each other. With
-    ``previous``, the old file is renamed there once the new bytes are on disk (a crash between
-    the two renames leaves the old file as ``previous``, which readers fall back to). A failed
-    write (a full disk, say) removes its temporary file and leaves everything as it was.
-    """
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if isinstance(data, bytes):
-                f.write(data)
-            else:
-                data(f)
-            f.flush()
-            os.fsync(f.fileno())
-        if previous is not None and path.is_file():
-            os.replace(path, previous)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 @dataclass(frozen=True)
@@ -145,42 +111,6 @@ def _finite(t: torch.Tensor) -> bool:
     return not t.is_floating_point() or all_finite(t)
 
 
-def _flatten_optimizer(state: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], Any]:
-    """Split an optimizer state dict into tensors (for safetensors) and the rest (for JSON)."""
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, dict[str, Any]] = {}
-    for index, per_param in state["state"].items():
-        for key, value in per_param.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{OPTIM_PREFIX}{index}.{key}"] = value
-            else:
-                scalars.setdefault(str(index), {})[key] = value
-    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
-
-
-def _unflatten_optimizer(tensors: dict[str, torch.Tensor], rest: Any) -> dict[str, Any]:
-    state: dict[int, dict[str, Any]] = {}
-    for name in [n for n in tensors if n.startswith(OPTIM_PREFIX)]:
-        index, _, key = name.removeprefix(OPTIM_PREFIX).partition(".")
-        state.setdefault(int(index), {})[key] = tensors.pop(name)
-    for index, values in rest["scalars"].items():
-        state.setdefault(int(index), {}).update(values)
-    return {"state": state, "param_groups": rest["param_groups"]}
-
-
-def _checksum(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, str]) -> str:
-    """SHA-256 over every tensor's name, dtype, shape and bytes, then the metadata, in name
-    order: independent of the file's layout, and a flip in any of them changes it."""
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name]
-        h.update(json.dumps([name, str(t.dtype), list(t.shape)]).encode())
-        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
-    for key in sorted(k for k in meta if k != CHECKSUM_KEY):
-        h.update(json.dumps([key, meta[key]]).encode())
-    return h.hexdigest()
-
-
 def save_checkpoint(path: Path, ckpt: Checkpoint, previous: Path | None = None) -> None:
     """Write ``ckpt`` to ``path`` atomically (one safetensors file, with its checksum).
 
@@ -205,59 +135,6 @@ def save_checkpoint(path: Path, ckpt: Checkpoint, previous: Path | None = None) 
     meta[CHECKSUM_KEY] = _checksum(tensors, meta)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: _write_safetensors(f, tensors, meta), previous)
-
-
-#: torch's dtypes as the safetensors format names them.
-_SAFETENSORS_DTYPES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-
-
-def _write_safetensors(
-    f: BinaryIO, tensors: Mapping[str, torch.Tensor], meta: dict[str, str]
-) -> None:
-    """Write ``tensors`` to ``f`` in the safetensors format, one tensor at a time: an 8-byte
-    little-endian header length, a JSON header (each tensor's dtype, shape and byte range, and
-    ``__metadata__``) padded with spaces to 8 bytes, then the bytes in the header's order.
-
-    ``safetensors.torch.save`` builds the whole file as one bytes object, and ``save_file``
-    first copies every tensor into bytes too, and both refuse tensors that share storage (a
-    model's views of one flat buffer), which needed a clone of each: a 25M-parameter node's
-    checkpoint cost three copies of model, optimizer and public copy at once. Here a CPU tensor
-    is written from its own memory; a tensor on an accelerator is copied to the CPU one at a
-    time. The file is read back with safetensors itself (:func:`load_checkpoint`).
-    """
-    header: dict[str, Any] = {"__metadata__": meta}
-    offset = 0
-    names = sorted(tensors)
-    for name in names:
-        t = tensors[name]
-        if t.dtype not in _SAFETENSORS_DTYPES:
-            raise ValueError(f"tensor {name} has dtype {t.dtype}, which a checkpoint cannot hold")
-        size = t.numel() * t.element_size()
-        header[name] = {
-            "dtype": _SAFETENSORS_DTYPES[t.dtype],
-            "shape": list(t.shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    f.write(struct.pack("<Q", len(blob)))
-    f.write(blob)
-    for name in names:
-        t = tensors[name].cpu().contiguous()
-        if t.numel():
-            f.write(t.reshape(-1).view(torch.uint8).numpy().data)
 
 
 def _short(err: BaseException) -> str:
