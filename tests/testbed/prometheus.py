@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["SCRAPED", "query", "scraped_nodes"]
 
 #: What every node's scrape must have put in Prometheus: who it is, the build it runs, its
-#: counters, a per-link figure and its histograms (node/telemetry/metrics.py, histograms.py).
+#: counters, a per-link figure and its histograms (node/telemetry/status_metrics.py, histograms.py).
 SCRAPED = (
     "murmur_build_info",
     "murmur_training_steps_total",
