@@ -12,6 +12,8 @@ shards are non-iid by package), one simulated second a step, over links fast eno
 so that every system has seen the same samples. All-reduce (bench/allreduce.py: DDP over gloo,
 ``--nodes`` processes, same shards, same batch order, same schedule) trains the same steps.
 
+A codec may name its own consensus step size: ``--codecs sign@0.3``.
+
 Reported: the eval loss of the averaged model and of the worst node at the end, and bytes sent
 per node (murmur: deltas and snapshots as the node counts them; all-reduce: ring all-reduce's
 2(n-1)/n of the fp32 gradient a step). Writes ``results.json``, ``compression.png`` (eval loss
@@ -39,7 +41,8 @@ from node.sim import NetConfig, SimConfig, Simulation
 TASK = "text:size=1m,seq_len=64,batch_size=8"
 
 
-def gossip_run(codec: str, args: argparse.Namespace) -> dict[str, Any]:
+def gossip_run(spec: str, args: argparse.Namespace) -> dict[str, Any]:
+    codec, _, gamma = spec.partition("@")  # "sign@0.3": sign with consensus step 0.3
     cfg = SimConfig(
         nodes=args.nodes,
         task=args.task,
@@ -49,7 +52,12 @@ def gossip_run(codec: str, args: argparse.Namespace) -> dict[str, Any]:
         steps=args.steps,
         duration_s=float(args.steps),  # the budget's end: the same samples as all-reduce
         eval_every_s=max(1.0, args.steps / args.points),
-        gossip=GossipConfig(codec=codec, local_steps=args.local_steps, topology=args.topology),
+        gossip=GossipConfig(
+            codec=codec,
+            gamma=float(gamma) if gamma else None,
+            local_steps=args.local_steps,
+            topology=args.topology,
+        ),
         net=NetConfig(latency_s=(0.001, 0.005), bandwidth_bps=1.25e8),
     )
     torch.manual_seed(0)
@@ -67,6 +75,7 @@ def gossip_run(codec: str, args: argparse.Namespace) -> dict[str, Any]:
     final = summary.final
     return {
         "system": f"murmur {codec}"
+        + (f", γ {gamma}" if gamma else "")
         + ("" if args.topology == "exponential" else f", {args.topology}"),
         "gamma": cfg.gossip.step_size,
         "avg_loss": final.avg_loss,
