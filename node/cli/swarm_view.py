@@ -20,7 +20,7 @@ __all__ = ["SWARM_COLUMNS", "LiveView", "SwarmShape", "progress_view"]
 
 
 class SwarmShape(Protocol):
-    """What the view's title says of the swarm (node/cli/swarm.py ``SwarmConfig`` has it)."""
+    """What the view's title says of the swarm (node/cli/swarm_nodes.py ``SwarmConfig`` has it)."""
 
     @property
     def nodes(self) -> int: ...
