@@ -22,7 +22,7 @@ from gossip.simulate import SyncSwarm
 from gossip.topology import build
 
 #: γ to try: fixed for the dense codecs, multiples of the kept share k / B for the sparse ones.
-DENSE_GRID = {"int8": [0.8], "sign": [0.1]}
+DENSE_GRID = {"int8": [0.8], "sign": [0.1, 0.3]}  # sign: best from afar, default
 SPARSE_MULTIPLES = {
     "topk": [0.5, 1.0, 1.5, 2.0, 3.0],
     "dct-topk": [0.5, 1.0, 1.5, 2.0, 3.0],

@@ -17,8 +17,8 @@ bytes a node sent in all and across regions by then:
   all of them), and a round lasts one unit.
 * ``regions, int8 across``: gossip/topology.py ``regional`` (the exponential graph inside each
   region, 2 bridges between each two regions), per-link pace.
-* ``regions, sign across``: the same, with 1-bit sign on the bridges (γ 0.1 there), which a slow
-  link carries ``--slower`` × (its size / int8's) rounds apart.
+* ``regions, sign across``: the same, with 1-bit sign on the bridges (sign's default γ there),
+  which a slow link carries ``--slower`` × (its size / int8's) rounds apart.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ table: seconds until the averaged model and the worst node reached 0.95, the wor
 accuracy at the end, MB a node sent (deltas and snapshots, as the daemon counts them) and its
 share of what the uplink could carry in the run, rounds a node made, and for ``auto`` the codec
 each node's rounds ended on. A codec may end in ``/RATE``: its nodes run with
-``--max-upload-rate RATE`` (bytes a second), e.g. ``sign/1250000`` for half of a 20 Mbit/s link.
+``--max-upload-rate RATE`` (bytes a second), e.g. ``sign/1250000`` for half of a 20 Mbit/s link;
+and a codec may name its consensus step size: ``sign@0.3`` (``--gamma``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def _secs(v: float | None) -> str:
 def run(system: str, args: argparse.Namespace) -> str:
     torch.set_num_threads(1)
     rate = args.rate * 1e6 / 8
-    codec, _, cap = system.partition("/")
+    spec, _, cap = system.partition("/")
+    codec, _, gamma = spec.partition("@")
     cfg = SimConfig(
         nodes=args.nodes,
         task="bench.wide_task:make_task",
@@ -49,7 +51,11 @@ def run(system: str, args: argparse.Namespace) -> str:
         eval_every_s=0.5,
         target_accuracy=0.95,
         step_time_s=0.02,
-        gossip=GossipConfig(codec=codec, max_upload_rate=float(cap) if cap else None),
+        gossip=GossipConfig(
+            codec=codec,
+            gamma=float(gamma) if gamma else None,
+            max_upload_rate=float(cap) if cap else None,
+        ),
         net=NetConfig(latency_s=(args.delay, args.delay), bandwidth_bps=rate),
     )
     began = time.perf_counter()

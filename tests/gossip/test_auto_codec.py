@@ -99,7 +99,7 @@ def test_a_link_where_bytes_set_the_pace_ends_on_the_smallest() -> None:
     codecs = LinkCodecs(MLP, initial="int8", memory_s=60.0, probe_s=20.0)
     home = Link(HOME)
     home.carry("int8")
-    # One codec measured: the others in proportion to their bytes. sign needs 3.5x fp16's
+    # One codec measured: the others in proportion to their bytes. sign needs 1.5x fp16's
     # rounds while training, int8 1.1x, on a seventh of int8's bytes: sign is best by far.
     assert codecs.update({"home": home.meter}, 0.002, home.now) == {"home": "sign"}
     home.carry("sign")
@@ -111,7 +111,7 @@ def test_a_link_where_bytes_set_the_pace_ends_on_the_smallest() -> None:
 
 def test_a_link_where_each_delta_pays_a_fixed_cost_settles_on_int8() -> None:
     """A loaded machine on a fast link: every delta takes 25 ms whatever its bytes. The bytes
-    predict sign 7 times as fast as int8; measured, it is as slow, and its 3.5x rounds send
+    predict sign 7 times as fast as int8; measured, it is as slow, and its 1.5x rounds send
     the link back. fp16 would need 10% fewer rounds than int8, for twice the bytes: int8."""
     codecs = LinkCodecs(MLP, initial="int8", memory_s=60.0, probe_s=20.0)
     lan = Link(dict.fromkeys(AUTO_CODECS, 0.025))

@@ -16,13 +16,13 @@ def test_cheap_bytes_take_a_codec_near_the_fewest_rounds_and_dear_ones_the_small
     # compute sets every codec's pace: fp16's 10% fewer rounds are not worth twice the bytes
     assert choose_codec(MLP, lan) == "int8"
     assert choose_codec(MLP, lan, frugal=1.0) == "fp16"  # bytes free: the fewest rounds
-    # bytes set the pace: sign's 3.5x rounds cost a seventh of int8's bytes each
+    # bytes set the pace: sign's 1.5x rounds cost a seventh of int8's bytes each
     assert choose_codec(MLP, home) == "sign"
     assert choose_codec(MLP, cellular) == "sign"
     assert choose_codec(MLP, home, candidates=["fp16", "int8", "int4"]) == "int4"
     # a tiny model: every codec fits a round's compute
     assert choose_codec(1_000, cellular) == "int8"
-    # pure gossip from far apart, where sign needs 70 times fp16's rounds, never takes it
+    # pure gossip from far apart, where sign needs 86 times fp16's rounds, never takes it
     for link, codec in [(home, "int4"), (cellular, "int4"), (lan, "fp16")]:
         assert choose_codec(MLP, link, rounds=ROUNDS_TO_CONSENSUS, frugal=1.0) == codec
 
