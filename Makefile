@@ -19,7 +19,10 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/murmur swarm --nodes 8 --topology exponential --compress int8
 
-check: lint types test test-testbed
+# lint, types, test-fast, test-e2e and test-testbed in that order, stopping at the first that
+# fails; the testbed's downloads go on in the background meanwhile (scripts/check).
+check:
+	bash scripts/check
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -36,3 +36,29 @@ def test_the_ci_stage_in_an_unprivileged_container_names_the_cause_at_once(tmp_p
     assert "installing" not in done.stderr  # nothing was installed, nothing built
     assert "base image" not in done.stderr
     assert time.monotonic() - began < QUICK_S
+
+
+def test_preparing_ahead_where_docker_cannot_run_does_nothing_and_fails_nothing(
+    tmp_path: Path,
+) -> None:
+    # scripts/check runs this in the background; where the testbed stage could not run, the
+    # stage itself must be the one to say why, so the prepare installs and builds nothing.
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
+    argv = ["bash", "scripts/testbed", "prepare"]
+    if os.geteuid() == 0:
+        capsh = shutil.which("capsh")
+        assert capsh, "capsh (libcap2-bin) drops the capabilities here"
+        argv = [
+            capsh,
+            "--drop=cap_sys_admin,cap_net_admin",
+            "--",
+            "-c",
+            "bash scripts/testbed prepare",
+        ]
+    done = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=QUICK_S, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "nothing to do ahead" in done.stderr
+    assert "installing" not in done.stderr
+    assert "base image" not in done.stderr

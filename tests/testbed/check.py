@@ -4,7 +4,7 @@
 are in place, with the compose settings in the environment (NODES, STEPS, MQTT_PORT, ...)::
 
     python -m tests.testbed.check --compose "docker-compose -p P -f docker/compose.yml" \\
-        --nodes 2 --steps 30000 --broker 127.0.0.1:18830 --report-dir murmur-runs/testbed-ci
+        --nodes 2 --steps 15000 --broker 127.0.0.1:18830 --report-dir murmur-runs/testbed-ci
 
 It listens to the broker the nodes report to from the start, brings the testbed up, and then:
 once one node (``node-1``; with nodes in the home, behind its NAT router, a node they name as a
