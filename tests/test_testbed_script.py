@@ -14,18 +14,27 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICK_S = 20.0
 
 
-def test_the_ci_stage_in_an_unprivileged_container_names_the_cause_at_once(tmp_path: Path) -> None:
-    # No engine answers (a socket nobody listens on), so the stage would have to start its own.
+def without_docker(tmp_path: Path, command: str) -> tuple[list[str], dict[str, str], str]:
+    """argv and environment to run ``scripts/testbed COMMAND`` where no engine answers (a socket
+    nobody listens on) and none could start, and the cause the script should name: as root,
+    without the capabilities dockerd needs (what an unprivileged container has)."""
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock", "TESTBED_PROJECT": "ops-t"}
-    argv = ["bash", "scripts/testbed", "ci"]
-    if os.geteuid() == 0:
-        # Root without the capabilities dockerd needs: what an unprivileged container has.
-        capsh = shutil.which("capsh")
-        assert capsh, "capsh (libcap2-bin) drops the capabilities here"
-        argv = [capsh, "--drop=cap_sys_admin,cap_net_admin", "--", "-c", "bash scripts/testbed ci"]
-        cause = "unprivileged container (no CAP_SYS_ADMIN or CAP_NET_ADMIN)"
-    else:
-        cause = "starting one needs root"
+    if os.geteuid() != 0:
+        return ["bash", "scripts/testbed", command], env, "starting one needs root"
+    capsh = shutil.which("capsh")
+    assert capsh, "capsh (libcap2-bin) drops the capabilities here"
+    argv = [
+        capsh,
+        "--drop=cap_sys_admin,cap_net_admin",
+        "--",
+        "-c",
+        f"bash scripts/testbed {command}",
+    ]
+    return argv, env, "unprivileged container (no CAP_SYS_ADMIN or CAP_NET_ADMIN)"
+
+
+def test_the_ci_stage_in_an_unprivileged_container_names_the_cause_at_once(tmp_path: Path) -> None:
+    argv, env, cause = without_docker(tmp_path, "ci")
     began = time.monotonic()
     done = subprocess.run(
         argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=QUICK_S, check=False
@@ -43,18 +52,7 @@ def test_preparing_ahead_where_docker_cannot_run_does_nothing_and_fails_nothing(
 ) -> None:
     # scripts/check runs this in the background; where the testbed stage could not run, the
     # stage itself must be the one to say why, so the prepare installs and builds nothing.
-    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
-    argv = ["bash", "scripts/testbed", "prepare"]
-    if os.geteuid() == 0:
-        capsh = shutil.which("capsh")
-        assert capsh, "capsh (libcap2-bin) drops the capabilities here"
-        argv = [
-            capsh,
-            "--drop=cap_sys_admin,cap_net_admin",
-            "--",
-            "-c",
-            "bash scripts/testbed prepare",
-        ]
+    argv, env, _ = without_docker(tmp_path, "prepare")
     done = subprocess.run(
         argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=QUICK_S, check=False
     )
