@@ -21,8 +21,9 @@ from gossip.replicas import UpdateGuard, agreeing_pair, relative_distance
 from node.config import NodeConfig
 from node.daemon.flat import FlatParams
 from node.daemon.gossiper import Gossiper
+from node.daemon.introductions import JoinError
 from node.daemon.links import transfer_timeout_s
-from node.daemon.peers import JoinError, Peers
+from node.daemon.peers import Peers
 from node.daemon.transfer import receive_model
 from node.runtime import Runtime
 from node.telemetry.console import with_countdown
@@ -160,7 +161,7 @@ class Joiner:
             return None
 
     async def _join(self, addresses: Sequence[str], timeout_s: float | None) -> str:
-        """:meth:`Peers.join` within ``timeout_s`` (None: for ever), with a countdown in the
+        """:meth:`Introductions.join` within ``timeout_s`` (None: for ever), with a countdown in the
         log while no address answers."""
         clock = self.runtime.clock
         deadline = math.inf if timeout_s is None else clock.now() + timeout_s
@@ -177,7 +178,7 @@ class Joiner:
                 f"giving up in {left}"
             )
 
-        join = self.peers.join(addresses, timeout_s)
+        join = self.peers.introductions.join(addresses, timeout_s)
         return await with_countdown(join, describe, _JOIN_TICKS)
 
     async def join_announced(self, node_id: str, address: str) -> None:
@@ -186,7 +187,7 @@ class Joiner:
         if node_id in self.peers.view:
             return
         try:
-            await self.peers.join([address], self.cfg.gossip.call_timeout_s)
+            await self.peers.introductions.join([address], self.cfg.gossip.call_timeout_s)
         except JoinError as err:
             log.warning("could not join %s, announced on the MQTT broker: %s", node_id[:8], err)
 

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from types import TracebackType
 
 from node.daemon.assembly import NodeParts
+from node.daemon.introductions import JoinError
 from node.daemon.pause import PULL_AFTER_PAUSE_S
-from node.daemon.peers import JoinError
 from node.daemon.reporting import serve_metrics
 from node.daemon.startup import wait_to_train
 from node.daemon.statedir import METRICS_FILE, SUMMARY_FILE

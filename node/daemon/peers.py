@@ -1,14 +1,13 @@
-"""Whom a node knows and whom it gossips with: membership (SWIM), joining, and one outbound
-link per neighbour, re-derived whenever the member view changes."""
+"""Whom a node knows and whom it gossips with: membership (SWIM), the hello exchange of joining
+(node/daemon/introductions.py), the swarm's revocation list, and one outbound link per
+neighbour, re-derived whenever the member view changes."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-import math
-from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from gossip.budget import ByteBudget
@@ -17,11 +16,11 @@ from gossip.codecs import AutoCodec
 from gossip.link import round_pace
 from gossip.membership import MemberView
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member, TaskFingerprint
-from gossip.refusals import REFUSALS
 from gossip.swim import MemberRecord, Swim, SwimConfig
 from node.config import GossipConfig
-from node.daemon.dialout import DialOut, unreachable_address
+from node.daemon.dialout import DialOut
 from node.daemon.gossiper import Gossiper
+from node.daemon.introductions import Introductions
 from node.daemon.links import LinkConfig, PeerLink
 from node.daemon.membership import Membership
 from node.daemon.neighbourhood import Neighbourhood
@@ -32,24 +31,17 @@ from node.security.penalties import LogLimiter, RateConfig, RateLimiter, held_ba
 from node.security.revocation import Revocations, parse_revocations
 from node.security.signing import signature_holds
 from node.telemetry.events import Counters
-from node.transport.base import HandshakeFailed, Reason, Rejected, Route, Transport, Unreachable
+from node.transport.base import Reason, Route, Transport
 
-__all__ = ["JoinError", "MemberSigning", "Peers"]
+__all__ = ["MemberSigning", "Peers"]
 
 #: How this node signs its own member records (sign, its public key) and checks others'.
 MemberSigning = tuple[Callable[[bytes], bytes], bytes, Callable[[MemberRecord], bool]]
 
 log = logging.getLogger(__name__)
 
-#: Refusals that mean "not now" rather than "never": retry the join (gossip/refusals.py).
-_RETRYABLE = frozenset(r for r, c in REFUSALS.items() if c.retryable)
-
 #: Members told directly that a node leaves, besides its neighbours (the rest hear it by gossip).
 LEAVE_FANOUT = 8
-
-
-class JoinError(RuntimeError):
-    """The node could not join the swarm (refused, or nobody answered in time)."""
 
 
 class Peers:
@@ -102,7 +94,6 @@ class Peers:
         # every few seconds; an honest source sends the same list again, which costs nothing.
         self._revocation_rate = RateLimiter(RateConfig(rate=0.2, burst=3), clock)
         self._revocation_log = LogLimiter(clock)
-        self._callback_log = LogLimiter(clock)
         if signing is not None:
             self.swim.sign, self.swim.public_key, verify = signing
             # A revoked node's records are refused, so it cannot come back into any view.
@@ -124,8 +115,19 @@ class Peers:
         )
         #: Dial-out sessions, for when nobody can dial this node (found at the join).
         self.dialout = DialOut(transport, runtime, lambda: self.swim.address, self._relays_changed)
-        #: Members that refused our call-back, to whom we said hello again through a session.
-        self._hello_through_session: set[str] = set()
+        #: The hello exchange: joining through an address, and taking joiners.
+        self.introductions = Introductions(
+            node_id,
+            fingerprint,
+            transport,
+            self.swim,
+            self.membership,
+            self.dialout,
+            cfg,
+            runtime,
+            self.hello,
+            self.adopt_revocations,
+        )
         #: The upload cap and the byte budget, shared by every link (None: neither).
         pacer = (
             UploadPacer(cfg.max_upload_rate, clock, runtime.sleep)
@@ -205,9 +207,10 @@ class Peers:
         for link in self.links.values():
             await link.stop()
 
-    # -- joining ------------------------------------------------------------------------------
+    # -- joining (node/daemon/introductions.py) ----------------------------------------------
 
     def hello(self) -> Hello:
+        """What this node says in a hello: its record, its view and its revocation list."""
         records = tuple(self.swim.records())
         blob = self.revocations.blob
         return Hello(PROTOCOL_VERSION, self.swim.me, self.fingerprint, records, blob)
@@ -255,146 +258,6 @@ class Peers:
             return b""
         self._spread_left -= 1
         return self.revocations.blob
-
-    async def introduce(self, address: str) -> Hello:
-        """Say hello to ``address`` and learn its members. Raises Rejected or Unreachable."""
-        reply = await self.transport.call_hello(address, self.hello(), self.cfg.call_timeout_s)
-        if reply.protocol_version != PROTOCOL_VERSION:
-            raise Rejected(Reason.PROTOCOL_VERSION, f"{address} speaks {reply.protocol_version}")
-        differences = self.fingerprint.differences(reply.fingerprint)
-        if differences:
-            raise Rejected(Reason.FINGERPRINT, "; ".join(differences))
-        self.adopt_revocations(reply.revocations, address)
-        self.membership.merge([reply.self_, *reply.members])
-        await self.membership.settle()
-        return reply
-
-    async def welcome(self, hello: Hello) -> Hello:
-        """A joiner said hello (its version and task already checked): make sure it can be
-        reached where it says, then take it and what it knows into the view.
-
-        Raises:
-            Rejected: nobody answers at the joiner's address, or another node does; the view is
-                unchanged.
-        """
-        joiner = hello.self_
-        self.adopt_revocations(hello.revocations, joiner.node_id)
-        if self.swim.verify is not None and not self.swim.verify(joiner):
-            raise Rejected(
-                Reason.IDENTITY, "your member record is not signed by the key of its node id"
-            )
-        if self.transport.holds_session(joiner.address, joiner.node_id):
-            # It cannot be dialled (so it opened a session to us first): the session, opened
-            # under its certificate, is the one way to reach it, and proves the address its own.
-            log.info("joiner %s is reached through its session to us", joiner.node_id[:8])
-            self.membership.merge([joiner, *hello.members], relayer=joiner.node_id)
-            await self.membership.settle()
-            return replace(self.hello(), unreachable=True)
-        try:
-            # Half the joiner's deadline for its hello, so that our answer still reaches it.
-            callback_s = self.cfg.call_timeout_s / 2
-            answered = await self.membership.check_address(joiner.address, callback_s)
-        except (Unreachable, Rejected) as err:
-            answered = ""
-            why = str(err)
-        else:
-            why = f"node {answered[:8]} answers there"
-        if answered != joiner.node_id:
-            # One answer whatever went wrong: the call-back's own error (refused, reset, timed
-            # out, someone else answers) would make this node a port scanner for any member.
-            if (held := self._callback_log.allow(joiner.node_id)) is not None:
-                log.info(
-                    "joiner %s not at %s: %s%s",
-                    joiner.node_id[:8],
-                    joiner.address,
-                    why,
-                    held_back(held),
-                )
-            raise Rejected(
-                Reason.BAD_ADDRESS,
-                f"nobody answers as {joiner.node_id[:8]} at your address {joiner.address}; "
-                "set --advertise to an address others can dial",
-            )
-        self.membership.merge([joiner, *hello.members], relayer=joiner.node_id)
-        await self.membership.settle()
-        return self.hello()
-
-    async def join(self, addresses: Iterable[str], timeout_s: float | None) -> str:
-        """Introduce ourselves through the first of ``addresses`` that takes us, retrying silent
-        ones until ``timeout_s`` (None: for ever); one is enough, since its answer lists everyone.
-
-        Returns the address that took us.
-
-        Raises:
-            JoinError: an address refused us (the task differs, say), or none answered.
-        """
-        clock = self.runtime.clock
-        deadline = math.inf if timeout_s is None else clock.now() + timeout_s
-
-        async def through(address: str) -> str:
-            delay = 0.1
-            while True:
-                try:
-                    await self.introduce(address)
-                    return address
-                except Rejected as err:
-                    if err.reason is Reason.BAD_ADDRESS and await self._behind_nat(address):
-                        continue  # say hello again, through the session
-                    if err.reason not in _RETRYABLE:
-                        raise JoinError(f"{address} refused us: {err}") from err
-                    if clock.now() > deadline:
-                        raise JoinError(f"{address} is not taking members: {err}") from err
-                except HandshakeFailed as err:
-                    raise JoinError(f"{address} refused us: {err}") from err
-                except Unreachable as err:
-                    if clock.now() > deadline:
-                        raise JoinError(f"{address} did not answer: {err}") from err
-                log.debug("waiting for %s to answer", address)  # the node counts down
-                await self.runtime.sleep(delay)
-                delay = min(2 * delay, 2.0)
-
-        pending = {asyncio.create_task(through(a)) for a in dict.fromkeys(addresses)}
-        errors: list[BaseException] = []
-        try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    err = task.exception()
-                    if err is None:
-                        return task.result()
-                    if isinstance(err.__cause__, Rejected | HandshakeFailed):
-                        raise err  # a refusal is an answer: this swarm will not have us
-                    errors.append(err)
-            raise errors[0]
-        finally:
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-
-    async def _behind_nat(self, address: str) -> bool:
-        """The member at ``address`` could not call us back: nobody can dial this node. Go by
-        an address of our own that never resolves (once) and open a session to the member,
-        through which it takes us. Returns whether to say hello again: the session is up, and
-        this is the first time this member refused us (a refusal through the session is
-        final)."""
-        if address in self._hello_through_session:
-            return False
-        self._hello_through_session.add(address)
-        if not self.dialout.active:
-            listen = self.swim.address
-            self.dialout.active = True
-            self.swim.address = unreachable_address(self.node_id, listen)
-            log.warning(
-                "%s cannot call this node back at %s: nobody can dial it (NAT, a firewall); "
-                "taking part through dial-out sessions, as %s",
-                address,
-                listen,
-                self.swim.address,
-            )
-        if await self.dialout.open(address, self.cfg.call_timeout_s):
-            return True
-        log.warning("no dial-out session to %s either", address)
-        return False
 
     def _relays_changed(self, relays: tuple[str, ...]) -> None:
         if self.swim.set_relays(relays):

@@ -59,7 +59,7 @@ class DaemonPort:
         return node_id in self._peers.revocations.node_ids
 
     async def welcome(self, hello: Hello) -> Hello:
-        return await self._peers.welcome(hello)
+        return await self._peers.introductions.welcome(hello)
 
     def adopt_revocations(self, blob: bytes, source: str) -> Any:
         return self._peers.adopt_revocations(blob, source)

@@ -65,7 +65,7 @@ def ca(tmp_path: Path) -> Path:
 async def refusal(node: Node, address: str) -> str:
     async with asyncio.timeout(REFUSAL_S):
         with pytest.raises(JoinError) as info:
-            await node.peers.join([address], None)
+            await node.peers.introductions.join([address], None)
     return str(info.value)
 
 
