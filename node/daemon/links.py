@@ -30,7 +30,7 @@ from node.daemon.aio import cancel_and_wait
 from node.daemon.pacing import Outflow
 from node.runtime import Runtime
 from node.telemetry.events import Counters
-from node.transport import wire
+from node.transport import wire_sizes
 from node.transport.base import DeltaStream, Rejected, Transport, Unreachable
 
 __all__ = ["MIN_LINK_BYTES_PER_S", "LinkConfig", "PeerLink", "transfer_timeout_s"]
@@ -211,7 +211,7 @@ class PeerLink:
         header, values = await self._snapshot(self.machine.may_name)
         self.machine.snapshot_taken(epoch, header.seq, self._now())
         self._changed()
-        nbytes = wire.snapshot_nbytes(header)
+        nbytes = wire_sizes.snapshot_nbytes(header)
         claimed, self._claimed = self._claimed, 0
         if self._outflow is not None:
             await self._outflow.take(nbytes, claimed)
@@ -228,13 +228,13 @@ class PeerLink:
     async def _send_delta(self, command: SendDelta) -> None:
         assert self._stream is not None
         delta = command.delta
-        nbytes = wire.delta_nbytes(delta)
+        nbytes = wire_sizes.delta_nbytes(delta)
         if self._outflow is not None:
             await self._outflow.take(nbytes)
         await self._stream.send(delta)
         self.stats.bytes_sent += nbytes
         self.counters.bytes_sent += nbytes
-        self.counters.bytes_sent_fp32 += wire.delta_fp32_nbytes(delta)
+        self.counters.bytes_sent_fp32 += wire_sizes.delta_fp32_nbytes(delta)
 
     async def _wait(self, deadline: float) -> None:
         """Until something happens to the link, or ``deadline`` (a back-off's end)."""

@@ -24,7 +24,7 @@ from node.daemon.inbound import Inbound
 from node.daemon.steps import Steps
 from node.security.penalties import Penalties, RateLimiter
 from node.telemetry.status import NodeStatus
-from node.transport import wire
+from node.transport import wire_sizes
 from node.transport.base import ControlCaller, Rejected, SnapshotChunk, iter_chunks
 
 __all__ = ["NodeService", "ServicePort"]
@@ -189,7 +189,9 @@ class NodeService:
             yield ModelChunk(values.numel(), chunk.offset, chunk.data, step)
 
     async def rpc_push_delta(self, delta: Delta) -> int:
-        seq = await self.port.on_worker(self.inbound.push_delta(delta, wire.delta_nbytes(delta)))
+        seq = await self.port.on_worker(
+            self.inbound.push_delta(delta, wire_sizes.delta_nbytes(delta))
+        )
         self.port.changed()
         return seq
 
@@ -203,7 +205,7 @@ class NodeService:
                 if chunk.data or chunk.offset:
                     self._refuse(Reason.MALFORMED, "a named snapshot carries values", sender)
             seq = await self.port.on_worker(
-                self.inbound.apply_snapshot(header, _NONE, wire.snapshot_nbytes(header))
+                self.inbound.apply_snapshot(header, _NONE, wire_sizes.snapshot_nbytes(header))
             )
             self.port.changed()
             return seq
@@ -226,7 +228,7 @@ class NodeService:
                 Reason.MALFORMED, f"snapshot ended after {filled} of {header.numel} values", sender
             )
         seq = await self.port.on_worker(
-            self.inbound.apply_snapshot(header, values, wire.snapshot_nbytes(header))
+            self.inbound.apply_snapshot(header, values, wire_sizes.snapshot_nbytes(header))
         )
         self.port.changed()
         return seq

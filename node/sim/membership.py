@@ -20,7 +20,7 @@ from gossip.relays import choose_relays
 from gossip.swim import MemberRecord, Outgoing, Swim, SwimMessage
 from node.daemon.dialout import PROBE_EVERY_S, PROBE_MISSES, PROBE_TIMEOUT_S
 from node.sim.world import World
-from node.transport import wire
+from node.transport import wire_sizes
 
 __all__ = ["FAKE_PUBLIC_KEY", "FAKE_SIGNATURE", "MemberOwner", "SimMembership"]
 
@@ -96,7 +96,7 @@ class SimMembership:
         sim = self.sim
         for out in outgoing:
             message = out.message
-            nbytes = wire.swim_nbytes(message, PROTOCOL_VERSION)
+            nbytes = wire_sizes.swim_nbytes(message, PROTOCOL_VERSION)
             self.swim_bytes += nbytes
             relays = self.routes.get(out.address)
             if relays and not sim.holds_session(out.address, self.address):

@@ -50,7 +50,7 @@ from node.sim.training import SimTrainer
 from node.sim.world import World
 from node.tasks.base import Task
 from node.telemetry.events import Counters
-from node.transport import wire
+from node.transport import wire_sizes
 from node.transport.base import Rejected
 
 __all__ = ["SimNode"]
@@ -200,14 +200,14 @@ class SimNode:
     def delta_nbytes(self, delta: Delta) -> tuple[int, int]:
         """(serialized size, size with an fp32 payload); the same delta goes to every link."""
         if self._sizes[0] != delta.seq:
-            nbytes = wire.delta_nbytes(delta)
-            # wire.delta_fp32_nbytes, without serializing the shell a second time.
+            nbytes = wire_sizes.delta_nbytes(delta)
+            # wire_sizes.delta_fp32_nbytes, without serializing the shell a second time.
             fp32 = nbytes - delta.payload.nbytes + 4 * delta.payload.numel
             self._sizes = (delta.seq, (nbytes, fp32))
         return self._sizes[1]
 
     def snapshot_nbytes(self, header: SnapshotHeader) -> int:
-        return wire.snapshot_nbytes(header)
+        return wire_sizes.snapshot_nbytes(header)
 
     # -- lifecycle ----------------------------------------------------------------------------
 

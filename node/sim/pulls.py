@@ -18,7 +18,7 @@ from gossip.events import EventQueue, Network
 from node.sim.link import REPLY_BYTES
 from node.sim.node import SimNode
 from node.sim.world import Resuming
-from node.transport import wire
+from node.transport import wire_sizes
 
 __all__ = ["Pulls"]
 
@@ -69,10 +69,10 @@ class Pulls:
                 return
             values = source.flat.flat.clone()
             node.pulled_from = source.node_id
-            nbytes = wire.model_nbytes(values.numel(), source.step)
+            nbytes = wire_sizes.model_nbytes(values.numel(), source.step)
             held = model_digest(values) == model_digest(node.flat.flat)
             if held:  # the joiner named it: one chunk says it is the same (gossip/digest.py)
-                nbytes = wire.same_model_nbytes(values.numel(), source.step)
+                nbytes = wire_sizes.same_model_nbytes(values.numel(), source.step)
             self.nbytes += nbytes
 
             def send() -> None:

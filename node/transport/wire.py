@@ -25,28 +25,22 @@ from gossip.swim import Kind, MemberRecord, Status, SwimMessage
 from gossip.swim_messages import FULL_STATE, check_region
 from node.security.revocation import MAX_BLOB_BYTES
 from node.telemetry.status import NeighbourStatus, NodeStatus
-from node.transport.base import CHUNK_VALUES, Reason, Rejected, SnapshotChunk
+from node.transport.base import Reason, Rejected, SnapshotChunk
 from protos import murmur_pb2 as pb
 
 __all__ = [
-    "delta_fp32_nbytes",
     "delta_from_pb",
-    "delta_nbytes",
     "delta_to_pb",
     "hello_from_pb",
     "hello_to_pb",
     "model_chunk_from_pb",
     "model_chunk_to_pb",
-    "model_nbytes",
     "pb",
-    "same_model_nbytes",
     "snapshot_chunk_from_pb",
     "snapshot_chunk_to_pb",
-    "snapshot_nbytes",
     "status_from_pb",
     "status_to_pb",
     "swim_from_pb",
-    "swim_nbytes",
     "swim_to_pb",
 ]
 
@@ -70,10 +64,6 @@ MAX_RELAYS = 4  # a member behind NAT names the members it holds dial-out sessio
 MAX_REVOCATION_BYTES = MAX_BLOB_BYTES
 _ID_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
 _HOST_RE = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]")
-
-
-def _varint_len(n: int) -> int:
-    return max(1, (n.bit_length() + 6) // 7)
 
 
 def _malformed(what: str) -> Rejected:
@@ -330,34 +320,6 @@ def delta_from_pb(d: pb.Delta) -> Delta:
     )
 
 
-def _bytes_field_len(n: int) -> int:
-    """Bytes a non-empty ``bytes`` field of length n takes (one-byte tag, length, data)."""
-    return 1 + _varint_len(n) + n if n else 0
-
-
-def delta_nbytes(d: Delta) -> int:
-    """Serialized size of the delta message (what the node counts as sent), without copying."""
-    p = d.payload
-    shell = delta_to_pb(
-        dataclasses.replace(d, payload=dataclasses.replace(p, scales=b"", data=b""))
-    )
-    shell_payload = shell.payload.ByteSize()
-    payload = shell_payload + _bytes_field_len(len(p.scales)) + _bytes_field_len(len(p.data))
-    # Swap the empty payload's field (tag, length, body) for the full one's.
-    return (
-        shell.ByteSize()
-        - _varint_len(shell_payload)
-        - shell_payload
-        + _varint_len(payload)
-        + payload
-    )
-
-
-def delta_fp32_nbytes(d: Delta) -> int:
-    """What the same message would take with an fp32 payload and no scales."""
-    return delta_nbytes(d) - d.payload.nbytes + 4 * d.payload.numel
-
-
 # -- snapshots --------------------------------------------------------------------------------
 
 
@@ -390,38 +352,6 @@ def snapshot_chunk_from_pb(c: pb.SnapshotChunk) -> tuple[SnapshotHeader, Snapsho
     if header.digest and (c.data or c.offset):
         raise _malformed("a snapshot that names its model by digest carries no values")
     return header, SnapshotChunk(c.offset, c.data)
-
-
-def snapshot_nbytes(header: SnapshotHeader, chunk_values: int = CHUNK_VALUES) -> int:
-    """Serialized size of all the chunks of a snapshot, without building them."""
-    if header.digest:  # named by its digest: one chunk of no values
-        return snapshot_chunk_to_pb(header, SnapshotChunk(0, b"")).ByteSize()
-    total = 0
-    for offset in range(0, header.numel, chunk_values):
-        n = 4 * min(chunk_values, header.numel - offset)
-        empty = snapshot_chunk_to_pb(header, SnapshotChunk(offset, b""))
-        total += empty.ByteSize() + 1 + _varint_len(n) + n  # tag, length, bytes of `data`
-    return total
-
-
-def model_nbytes(numel: int, step: int, chunk_values: int = CHUNK_VALUES) -> int:
-    """Serialized size of all the chunks of a model sent to a joiner, without building them."""
-    total = 0
-    for offset in range(0, numel, chunk_values):
-        n = 4 * min(chunk_values, numel - offset)
-        empty = model_chunk_to_pb(ModelChunk(numel, offset, b"", step))
-        total += empty.ByteSize() + 1 + _varint_len(n) + n  # tag, length, bytes of `data`
-    return total
-
-
-def same_model_nbytes(numel: int, step: int) -> int:
-    """Serialized size of the one chunk that tells a joiner it holds the model already."""
-    return model_chunk_to_pb(ModelChunk(numel, 0, b"", step, same=True)).ByteSize()
-
-
-def swim_nbytes(m: SwimMessage, protocol_version: int) -> int:
-    """Serialized size of a membership message."""
-    return swim_to_pb(m, protocol_version).ByteSize()
 
 
 # -- status -----------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from node.sim import NetConfig, SimConfig, Simulation
 from node.sim.node import SimNode
 from node.tasks.base import Shard, evaluate
 from node.tasks.logistic import make_task
-from node.transport import wire
+from node.transport import wire_sizes
 from node.transport.base import Transport
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import config, replica_matches_sender
@@ -90,7 +90,7 @@ def relative_distance(models: list[torch.Tensor]) -> float:
 
 def delta_bytes(bytes_sent: int, deltas: int, snapshots: int, header: SnapshotHeader) -> float:
     """Mean bytes per delta of one link, its snapshots' bytes taken away."""
-    return (bytes_sent - snapshots * wire.snapshot_nbytes(header)) / deltas
+    return (bytes_sent - snapshots * wire_sizes.snapshot_nbytes(header)) / deltas
 
 
 async def start_real(

@@ -24,7 +24,7 @@ from node.daemon.links import PeerLink
 from node.daemon.steps import run_here
 from node.runtime import LoopClock, Runtime
 from node.telemetry.events import Counters
-from node.transport import wire
+from node.transport import wire_sizes
 from node.transport.base import SnapshotChunk
 from node.transport.memory import MemoryNetwork, MemoryTransport, SeededFaults
 from tests.node.drivers import Refusing, cases, faults
@@ -53,7 +53,7 @@ class Receiver(Refusing):
         return LoopClock(asyncio.get_running_loop())
 
     async def rpc_push_delta(self, delta: Delta) -> int:
-        seq = run_here(self.inbound.push_delta(delta, wire.delta_nbytes(delta)))
+        seq = run_here(self.inbound.push_delta(delta, wire_sizes.delta_nbytes(delta)))
         self.deltas.append((virtual_now(), seq))
         return seq
 
@@ -64,7 +64,9 @@ class Receiver(Refusing):
         data = b"".join([chunk.data async for chunk in chunks])
         # A named snapshot carries no values: the inbound path takes the model it names.
         values = torch.frombuffer(bytearray(data), dtype=torch.float32) if data else torch.empty(0)
-        seq = run_here(self.inbound.apply_snapshot(header, values, wire.snapshot_nbytes(header)))
+        seq = run_here(
+            self.inbound.apply_snapshot(header, values, wire_sizes.snapshot_nbytes(header))
+        )
         self.snapshots.append((virtual_now(), seq))
         return seq
 

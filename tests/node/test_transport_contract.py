@@ -23,7 +23,7 @@ from gossip.messages import (
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
 from node.daemon.transfer import receive_model
 from node.telemetry.status import NeighbourStatus, NodeStatus
-from node.transport import wire
+from node.transport import wire, wire_sizes
 from node.transport.base import (
     CHUNK_VALUES,
     ControlCaller,
@@ -246,7 +246,11 @@ async def test_a_snapshot_named_by_its_digest_carries_the_name_and_no_values(pai
     [(got_header, got_values)] = handler.snapshots
     assert got_header == named
     assert got_values.numel() == 0
-    assert wire.snapshot_nbytes(named) < 200 < wire.snapshot_nbytes(replace(named, digest=b""))
+    assert (
+        wire_sizes.snapshot_nbytes(named)
+        < 200
+        < wire_sizes.snapshot_nbytes(replace(named, digest=b""))
+    )
     short = wire.snapshot_chunk_to_pb(replace(named, digest=b"short"), SnapshotChunk(0, b""))
     with pytest.raises(Rejected) as info:  # on the wire a digest is SHA-256's 32 bytes or none
         wire.snapshot_chunk_from_pb(short)

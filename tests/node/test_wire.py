@@ -20,7 +20,7 @@ from gossip.messages import (
     TaskFingerprint,
 )
 from gossip.swim import Kind, MemberRecord, Status, SwimMessage
-from node.transport import wire
+from node.transport import wire, wire_sizes
 from node.transport.base import CHUNK_VALUES, Reason, Rejected, SnapshotChunk, iter_chunks
 from protos import murmur_pb2 as pb
 
@@ -48,8 +48,8 @@ def test_delta_round_trips_and_its_size_is_counted_exactly(codec: str) -> None:
     delta = Delta("a1", 2**62, 17, 400, payload, degree=6)
     raw = wire.delta_to_pb(delta).SerializeToString()
     assert wire.delta_from_pb(pb.Delta.FromString(raw)) == delta
-    assert wire.delta_nbytes(delta) == len(raw)
-    assert wire.delta_fp32_nbytes(delta) - len(raw) == 4000 - payload.nbytes
+    assert wire_sizes.delta_nbytes(delta) == len(raw)
+    assert wire_sizes.delta_fp32_nbytes(delta) - len(raw) == 4000 - payload.nbytes
 
 
 def test_a_sparse_codecs_fraction_travels_in_the_fingerprint() -> None:
@@ -79,9 +79,23 @@ def test_snapshot_size_is_counted_without_building_the_chunks() -> None:
     values = torch.randn(2 * CHUNK_VALUES + 5)
     header = SnapshotHeader("a1", 3, 9, values.numel(), degree=4)
     real = sum(wire.snapshot_chunk_to_pb(header, c).ByteSize() for c in iter_chunks(values))
-    assert wire.snapshot_nbytes(header) == real
+    assert wire_sizes.snapshot_nbytes(header) == real
     first = wire.snapshot_chunk_from_pb(wire.snapshot_chunk_to_pb(header, SnapshotChunk(0, b"x")))
     assert first == (header, SnapshotChunk(0, b"x"))
+
+
+def test_a_pulled_model_and_a_membership_message_are_counted_exactly() -> None:
+    values = torch.randn(2 * CHUNK_VALUES + 5)
+    n = values.numel()
+    chunks = [ModelChunk(n, c.offset, c.data, 2**40) for c in iter_chunks(values)]
+    assert wire_sizes.model_nbytes(n, 2**40) == sum(
+        wire.model_chunk_to_pb(c).ByteSize() for c in chunks
+    )
+    same = wire.model_chunk_to_pb(ModelChunk(n, 0, b"", 2**40, same=True))
+    assert wire_sizes.same_model_nbytes(n, 2**40) == same.ByteSize() < 32
+    message = SwimMessage(Kind.PING, "a1", "h:1", 4, updates=(MemberRecord("b2", "h:2", 1),))
+    raw = wire.swim_to_pb(message, PROTOCOL_VERSION).SerializeToString()
+    assert wire_sizes.swim_nbytes(message, PROTOCOL_VERSION) == len(raw)
 
 
 @pytest.mark.parametrize(
