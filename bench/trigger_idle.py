@@ -2,10 +2,13 @@
 gossip bytes per node per minute once the swarm has converged and training has stopped, and
 the time to target of the worst node while it trains; both settings in the same invocation.
 
-    python -m bench.trigger_idle [--sim-nodes 16] [--procs 4] [--idle 60]
+    python -m bench.trigger_idle [--sim-nodes 16] [--procs 4] [--idle 60] [--codec int8]
+        [--bandwidth BYTES_PER_S]
 
 In the simulator (``murmur simulate``'s core) and with real node processes on loopback
-(bench/swarms.py), the digits task, int8. Bytes are the node's own gossip counter (deltas and
+(bench/swarms.py), the digits task, ``--codec`` (int8; ``auto`` is the default a user gets); in
+the simulator every uplink carries ``--bandwidth`` bytes a second (the simulator's own default
+without it). Bytes are the node's own gossip counter (deltas and
 snapshots, as ``murmur status`` shows them), over ``--idle`` seconds that start ``--settle``
 seconds after the last node's budget is spent; the time to target is, per node, the first
 evaluation at or over ``--target`` accuracy, counted from the start of training.
@@ -24,12 +27,12 @@ from typing import Any
 from bench.swarms import start_swarm
 from node.cli.swarm import SwarmConfig, _poll
 from node.config import GossipConfig
-from node.sim import SimConfig, Simulation
+from node.sim import NetConfig, SimConfig, Simulation
 from node.transport.grpc import GrpcTransport, GrpcTransportConfig
 
 
-def gossip(trigger: bool) -> GossipConfig:
-    return GossipConfig(codec="int8", trigger=trigger)
+def gossip(trigger: bool, codec: str) -> GossipConfig:
+    return GossipConfig(codec=codec, trigger=trigger)
 
 
 def sim_run(args: argparse.Namespace, trigger: bool) -> dict[str, Any]:
@@ -43,7 +46,8 @@ def sim_run(args: argparse.Namespace, trigger: bool) -> dict[str, Any]:
         duration_s=start + args.idle,
         eval_every_s=0.5,
         target_accuracy=args.target,
-        gossip=gossip(trigger),
+        gossip=gossip(trigger, args.codec),
+        net=NetConfig() if args.bandwidth is None else NetConfig(bandwidth_bps=args.bandwidth),
     )
     sim = Simulation(cfg)
     summary = sim.run()
@@ -75,7 +79,7 @@ async def procs_run(args: argparse.Namespace, trigger: bool, workdir: Path) -> d
         steps=args.steps,
         eval_every=20,
         step_time=args.step_time,
-        gossip=gossip(trigger),
+        gossip=gossip(trigger, args.codec),
         insecure=True,
         progress=False,
     )
@@ -127,6 +131,8 @@ async def main() -> None:
     parser.add_argument("--settle", type=float, default=20.0)
     parser.add_argument("--idle", type=float, default=60.0)
     parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--codec", default="int8")
+    parser.add_argument("--bandwidth", type=float, help="the simulator's uplinks, bytes a second")
     parser.add_argument("--skip-sim", action="store_true")
     parser.add_argument("--skip-procs", action="store_true")
     args = parser.parse_args()
