@@ -191,14 +191,15 @@ class Link:
         """Streaming deltas: not resyncing, not backing off after a failure."""
         return self.phase is Phase.STREAM and not self.outbox.needs_snapshot
 
-    def busy(self, now: float) -> bool:
+    def busy(self, now: float, others_answered_sent: float = math.inf) -> bool:
         """Another round now would only wait in line: streaming, or sending a snapshot, with
         ``window`` deltas unanswered or queued behind it. A link that backs off after a failure
         is never busy, so a dead neighbour does not hold up the others' rounds; nor is one whose
-        answer is overdue (a neighbour that vanished without a word), so it holds them up for a
-        few answer times at most."""
+        answer is overdue while other neighbours answer later sends (a neighbour that vanished
+        without a word: ``Outbox.busy_at``), so it holds them up for a few answer times at
+        most."""
         carrying = self.healthy or (self.phase is Phase.SNAPSHOT and self._taken)
-        return carrying and self.outbox.busy_at(now)
+        return carrying and self.outbox.busy_at(now, others_answered_sent)
 
     def progress(self, now: float) -> str:
         """Where the link stands, in words, for a node that waits for its edges: ``not
@@ -360,10 +361,18 @@ def round_pace(
     no link is :meth:`Link.busy`: every link must carry every delta, so the slowest sets the
     pace. With a copy per link a round goes to the healthy links that are not busy, and
     begins while there is one (or while no link streams at all: nothing waits then); a busy
-    link keeps its unsent change for its next delta.
+    link keeps its unsent change for its next delta. An overdue link stops counting as busy
+    only once another link has answered a later send: until then the node's own uplink may
+    be what is slow.
     """
+    answered = {p: link.outbox.answered_sent for p, link in links.items()}
+
+    def busy(peer: str, link: Link) -> bool:
+        others = max((t for q, t in answered.items() if q != peer), default=-math.inf)
+        return link.busy(now, others)
+
     if not per_link:
-        return not any(link.busy(now) for link in links.values()), frozenset(links)
-    ready = frozenset(p for p, link in links.items() if link.healthy and not link.busy(now))
+        return not any(busy(p, link) for p, link in links.items()), frozenset(links)
+    ready = frozenset(p for p, link in links.items() if link.healthy and not busy(p, link))
     streaming = any(link.healthy for link in links.values())
     return bool(ready) or not streaming, ready

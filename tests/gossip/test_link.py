@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gossip.codecs import get_codec
-from gossip.link import Link, LinkConfig, Phase, SendDelta, SendSnapshot
+from gossip.link import Link, LinkConfig, Phase, SendDelta, SendSnapshot, round_pace
 from gossip.messages import Delta
 from gossip.refusals import REFUSALS, Reason, Retry
 
@@ -140,6 +140,33 @@ def test_answers_of_an_epoch_given_up_change_nothing() -> None:
     assert link.epoch == 2
     assert link.poll(at) is None  # no spurious resync
     assert link.stats.failures == 1
+
+
+def test_an_overdue_link_stops_holding_up_rounds_only_once_another_answers_a_later_send() -> None:
+    """Two links on one uplink, their answers late alike: the uplink is what is slow, and the
+    rounds wait (in the simulator, six nodes on 80 kbit/s uplinks otherwise let 100 deltas
+    pile up on each link). A vanished neighbour is one whose link stays silent while another
+    answers deltas sent after its own: that one no longer holds up the rounds."""
+    cfg = LinkConfig(queue=8, window=2, window_bytes=0, overdue_min_s=2.0, overdue_factor=4.0)
+    a, b = streaming(cfg), streaming(cfg)
+    for link in (a, b):
+        send(link, 1, 0.0)
+        send(link, 2, 0.0)
+    links = {"a": a, "b": b}
+    assert round_pace(links, 1.0, per_link=False) == (False, frozenset(links))
+    assert round_pace(links, 2.5, per_link=False)[0] is False  # both overdue: wait
+    assert round_pace(links, 2.5, per_link=True) == (False, frozenset())
+    b.acked(b.epoch, 3.0)  # b answers a send of time 0: no later than a's oldest
+    assert round_pace(links, 3.1, per_link=False)[0] is False  # a still holds the round
+    assert round_pace(links, 3.1, per_link=True) == (True, frozenset({"b"}))
+    send(b, 3, 3.2)
+    b.acked(b.epoch, 3.5)
+    b.acked(b.epoch, 3.6)  # b answered a send of 3.2, after a's oldest of 0.0
+    assert round_pace(links, 3.7, per_link=True) == (True, frozenset(links))
+    assert round_pace(links, 3.7, per_link=False) == (True, frozenset(links))
+    assert not a.busy(2.5)  # asked alone, an overdue link holds up nothing, as before
+    assert not a.busy(2.5, others_answered_sent=1.0)
+    assert a.busy(2.5, others_answered_sent=0.0)
 
 
 def test_busy_while_window_deltas_are_out_but_not_backing_off_nor_once_overdue() -> None:
