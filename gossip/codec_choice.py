@@ -16,7 +16,13 @@ job takes, is R_c · t_c. Two tables of R_c:
   (bench/codec_tracking.py).
 * :data:`ROUNDS_TO_CONSENSUS`: pure gossip from far apart (each node its own Gaussian vector),
   rounds to agree 10,000-fold, where sign needs 86 times fp16's rounds (bench/codec_gamma.py);
-  bench/sim_codec_mix.py models that case.
+  bench/sim_codec_mix.py models that case. ``auto`` uses it once a node's training is over and
+  until its rounds fall to heartbeats (*settling*): nothing then refills x - x̂ but gossip, the
+  job is to close what disagreement training left, and a round of sign closes little of it.
+  A heartbeat carries next to nothing, so once settled the training table's pick, the smaller
+  codec, carries it. Measured with four in-memory nodes after 300 steps of training: on sign
+  they were still 1e-5 apart after 20 s and 380 rounds a node, where on int8 they agreed to
+  2e-7 within 1 s, in 7 rounds between the four (bench/sim_settle.py has the simulator's).
 
 Bytes are a cost too: the user pays for them, and on a shared uplink every other flow does.
 So the choice is not simply the best score: it is the codec of fewest bytes among those within
@@ -173,7 +179,8 @@ class LinkCodecs:
 
     Args:
         numel: the model's values (the codecs' bytes follow from it).
-        rounds: R_c by codec (default :data:`ROUNDS_WHILE_TRAINING`).
+        rounds: R_c by codec while the node trains (default :data:`ROUNDS_WHILE_TRAINING`).
+        settle_rounds: R_c by codec while the node settles (default :data:`ROUNDS_TO_CONSENSUS`).
         memory_s: how long a codec's measurement counts after its last delta.
         probe_s: how often a link tries the next larger codec while only its current codec
             is measured.
@@ -192,11 +199,12 @@ class LinkCodecs:
         probe_s: float = 5.0,
         rounds: Mapping[str, float] = ROUNDS_WHILE_TRAINING,
         frugal: float = FRUGAL,
+        settle_rounds: Mapping[str, float] = ROUNDS_TO_CONSENSUS,
     ) -> None:
         self.candidates = tuple(candidates)
         if initial not in self.candidates:
             raise ValueError(f"the initial codec {initial!r} is not among {self.candidates}")
-        unknown = [c for c in self.candidates if c not in rounds]
+        unknown = [c for c in self.candidates if c not in rounds or c not in settle_rounds]
         if unknown or not 1 <= frugal <= hysteresis or memory_s <= 0 or probe_s <= 0:
             raise ValueError(
                 f"no measured pace for {unknown}"
@@ -208,6 +216,7 @@ class LinkCodecs:
         self.hysteresis = hysteresis
         self.frugal = frugal
         self.rounds = dict(rounds)
+        self.settle_rounds = dict(settle_rounds)
         self.memory_s = memory_s
         self.probe_s = probe_s
         self.nbytes = {c: get_codec(c).encoded_nbytes(numel) for c in self.candidates}
@@ -226,29 +235,44 @@ class LinkCodecs:
         return dict(self._probing)
 
     def update(
-        self, meters: Mapping[str, LinkMeter], compute_s: float, now: float
+        self,
+        meters: Mapping[str, LinkMeter],
+        compute_s: float,
+        now: float,
+        settling: bool = False,
     ) -> dict[str, str]:
-        """Each link's codec now, for the links in ``meters`` (the others are forgotten)."""
+        """Each link's codec now, for the links in ``meters`` (the others are forgotten).
+        ``settling``: the node's training is over and its rounds still close what disagreement
+        it left; codecs are then scored by ``settle_rounds``, with no steps between rounds."""
         chosen = {}
         for peer, meter in meters.items():
             current = self.chosen.get(peer, self.initial)
             times = self._times(peer, meter, current, now)
             chosen[peer] = (
-                current if times is None else self._decide(peer, current, *times, compute_s, now)
+                current
+                if times is None
+                else self._decide(peer, current, *times, compute_s, now, settling)
             )
         self.chosen = chosen
         self._forget(chosen.keys())
         return dict(chosen)
 
-    def update_all(self, meters: Mapping[str, LinkMeter], compute_s: float, now: float) -> str:
+    def update_all(
+        self,
+        meters: Mapping[str, LinkMeter],
+        compute_s: float,
+        now: float,
+        settling: bool = False,
+    ) -> str:
         """The one codec of every link now: each codec's time is its slowest link's (the links
-        that have not measured the current codec yet are left out)."""
+        that have not measured the current codec yet are left out). ``settling`` as for
+        :meth:`update`."""
         current = self.chosen.get(self.ALL, self.initial)
         known = [t for p, m in meters.items() if (t := self._times(p, m, current, now)) is not None]
         if known:
             worst = {c: max(times[c] for times, _ in known) for c in self.candidates}
             current = self._decide(
-                self.ALL, current, worst, min(n for _, n in known), compute_s, now
+                self.ALL, current, worst, min(n for _, n in known), compute_s, now, settling
             )
         self.chosen = {self.ALL: current}
         self._lines = {p: line for p, line in self._lines.items() if p in meters}
@@ -301,8 +325,11 @@ class LinkCodecs:
         measured: int,
         compute_s: float,
         now: float,
+        settling: bool,
     ) -> str:
-        scores = {c: self.rounds[c] * max(compute_s, times[c]) for c in self.candidates}
+        rounds = self.settle_rounds if settling else self.rounds
+        compute_s = 0.0 if settling else compute_s  # no steps between rounds any more
+        scores = {c: rounds[c] * max(compute_s, times[c]) for c in self.candidates}
         chosen = pick(scores, self.nbytes, current, self.hysteresis, self.frugal)
         if self._probing.get(key) == current:  # the probe is measured: it lost, or it won
             del self._probing[key]

@@ -192,6 +192,12 @@ class Mixer:
             self._mixed.pop(peer, None)
         return gone
 
+    @property
+    def quiet(self) -> bool:
+        """Whether the node's rounds have fallen to heartbeats: its last round was one (the
+        trigger found nothing else worth its bytes). Never without a trigger."""
+        return self.trigger is not None and self.trigger.last_reason == "heartbeat"
+
     def weights(self) -> dict[NodeId, float]:
         """The weights a round would mix with now (evicted neighbours left out). A read: it
         changes nothing, so a status may call it as often as it likes."""

@@ -103,6 +103,8 @@ class RoundTrigger:
         #: μ: running average of the node's own movement between two rounds (0: none yet).
         self.movement = 0.0
         self.stats = TriggerStats()
+        #: Why the last round was made (None before the first).
+        self.last_reason: str | None = None
         self._last_made: float | None = None
         self._after: torch.Tensor | None = None  # x as the last round left it
         self._seen: tuple[object, ...] | None = None  # replicas' versions at the last look
@@ -135,6 +137,7 @@ class RoundTrigger:
         """A round was made with ``reason``; ``after`` is a copy of x after its mix."""
         self._after = after
         self._last_made = now
+        self.last_reason = reason
         self.stats.made[reason] += 1
 
     def _note_movement(self, current: torch.Tensor) -> None:

@@ -155,12 +155,14 @@ class SimTrainer:
         """After training: keep mixing toward the swarm, on a timer, as the daemon does."""
         if not self.owner.training:
             return
-        self.try_round()
+        self.try_round(training=False)
         self._next_idle_round()
 
-    def try_round(self) -> bool:
+    def try_round(self, training: bool = True) -> bool:
         """Make a round when the links can take it (``round_pace``, RoundPacer); offer it to
-        every link, or with a copy per link each ready link its own delta.
+        every link, or with a copy per link each ready link its own delta. ``training``: a
+        round of the steps (the last step's too, as in the daemon, whose trainer is not done
+        until it has evaluated), not an idle round after them.
 
         The daemon tells the pacer whenever a link may have turned busy or idle; here nothing
         happens between two events, so asking the links when a round is due is the same.
@@ -176,10 +178,11 @@ class SimTrainer:
             meters = {peer: m.meter for peer, m in machines.items()}
             compute_s = owner.step_s * self.sim.cfg.gossip.local_steps
             now = self.sim.events.now()
+            settling = not training and not owner.mixer.quiet
             if state.per_link:
-                state.set_link_codecs(codecs.update(meters, compute_s, now))
+                state.set_link_codecs(codecs.update(meters, compute_s, now, settling))
             else:
-                state.set_round_codec(codecs.update_all(meters, compute_s, now))
+                state.set_round_codec(codecs.update_all(meters, compute_s, now, settling))
         try:
             made = owner.mixer.round(owner.model, ready=ready)
             if made is None:

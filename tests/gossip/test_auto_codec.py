@@ -109,6 +109,24 @@ def test_a_link_where_bytes_set_the_pace_ends_on_the_smallest() -> None:
     assert codecs.update({"home": home.meter}, 0.002, home.now) == {"home": "sign"}
 
 
+def test_once_training_is_over_a_slow_link_leaves_sign_for_fewer_rounds_to_agree() -> None:
+    """While the node trains, a round of sign is worth nearly one of int8 (its error waits in
+    x - x̂ for the next), and sign wins a home uplink by its bytes. Once training is over the
+    job is closing the disagreement it left (settling), where sign needs 430 rounds to int4's
+    12 (ROUNDS_TO_CONSENSUS): fewer bytes in all on int4. Once settled, sign again."""
+    home = Link(HOME)
+    home.carry("sign")
+    home.carry("int8")  # two codecs measured: a line of time against bytes
+    per_link = LinkCodecs(MLP, memory_s=60.0)
+    assert per_link.update({"home": home.meter}, 0.002, home.now) == {"home": "sign"}
+    assert per_link.update({"home": home.meter}, 0.002, home.now, settling=True) == {"home": "int4"}
+    home.carry("int4")  # as ever, a link measures its codec before it changes again
+    assert per_link.update({"home": home.meter}, 0.002, home.now) == {"home": "sign"}
+    one = LinkCodecs(MLP, memory_s=60.0)
+    assert one.update_all({"home": home.meter}, 0.002, home.now) == "sign"
+    assert one.update_all({"home": home.meter}, 0.002, home.now, settling=True) == "int4"
+
+
 def test_a_link_where_each_delta_pays_a_fixed_cost_settles_on_int8() -> None:
     """A loaded machine on a fast link: every delta takes 25 ms whatever its bytes. The bytes
     predict sign 7 times as fast as int8; measured, it is as slow, and its 1.5x rounds send

@@ -91,6 +91,8 @@ def test_once_training_stops_the_swarm_falls_quiet_to_the_heartbeat() -> None:
     for _ in range(100):
         pair.tick(train_lr=0.01)
     made_when_trained = len(pair.reasons["a"])
+    training_was_quiet = pair.mixers["a"].quiet
+    assert not training_was_quiet  # its last round was training's
     for _ in range(int(10.0 / TICK_S)):  # ten seconds to settle
         pair.tick()
     settled = len(pair.reasons["a"])
@@ -98,6 +100,7 @@ def test_once_training_stops_the_swarm_falls_quiet_to_the_heartbeat() -> None:
         pair.tick()
     quiet = pair.reasons["a"][settled:]
     assert quiet == ["heartbeat"] * 12  # a minute at one round per 5 s, nothing else
+    assert pair.mixers["a"].quiet  # what --compress auto then sends with its smaller codec
     # It settled in a few rounds, not in the 100 a timer would have made.
     assert settled - made_when_trained < 30
     assert pair.replicas_exact()
