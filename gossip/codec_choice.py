@@ -19,10 +19,12 @@ job takes, is R_c · t_c. Two tables of R_c:
   bench/sim_codec_mix.py models that case. ``auto`` uses it once a node's training is over and
   until its rounds fall to heartbeats (*settling*): nothing then refills x - x̂ but gossip, the
   job is to close what disagreement training left, and a round of sign closes little of it.
-  A heartbeat carries next to nothing, so once settled the training table's pick, the smaller
-  codec, carries it. Measured with four in-memory nodes after 300 steps of training: on sign
-  they were still 1e-5 apart after 20 s and 380 rounds a node, where on int8 they agreed to
-  2e-7 within 1 s, in 7 rounds between the four (bench/sim_settle.py has the simulator's).
+  Measured with four in-memory nodes after 300 steps of training: on sign they were still
+  1e-5 apart after 20 s and 380 rounds a node, where on int8 they agreed to 2e-7 within 1 s,
+  in 7 rounds between the four (bench/sim_settle.py has the simulator's). A heartbeat carries
+  next to nothing, so while a node's rounds are only heartbeats (*quiet*: after training, or
+  while a byte budget holds the rest) every link sends with the smallest codec, whatever it
+  measured: heartbeats are too sparse to measure a link by.
 
 Bytes are a cost too: the user pays for them, and on a shared uplink every other flow does.
 So the choice is not simply the best score: it is the codec of fewest bytes among those within
@@ -240,10 +242,14 @@ class LinkCodecs:
         compute_s: float,
         now: float,
         settling: bool = False,
+        quiet: bool = False,
     ) -> dict[str, str]:
         """Each link's codec now, for the links in ``meters`` (the others are forgotten).
         ``settling``: the node's training is over and its rounds still close what disagreement
-        it left; codecs are then scored by ``settle_rounds``, with no steps between rounds."""
+        it left; codecs are then scored by ``settle_rounds``, with no steps between rounds.
+        ``quiet``: the node's rounds are only heartbeats; every link takes the smallest codec."""
+        if quiet:
+            return self._smallest(meters.keys())
         chosen = {}
         for peer, meter in meters.items():
             current = self.chosen.get(peer, self.initial)
@@ -263,10 +269,14 @@ class LinkCodecs:
         compute_s: float,
         now: float,
         settling: bool = False,
+        quiet: bool = False,
     ) -> str:
         """The one codec of every link now: each codec's time is its slowest link's (the links
-        that have not measured the current codec yet are left out). ``settling`` as for
-        :meth:`update`."""
+        that have not measured the current codec yet are left out). ``settling`` and ``quiet``
+        as for :meth:`update`."""
+        if quiet:
+            self._lines = {p: line for p, line in self._lines.items() if p in meters}
+            return self._smallest([self.ALL])[self.ALL]
         current = self.chosen.get(self.ALL, self.initial)
         known = [t for p, m in meters.items() if (t := self._times(p, m, current, now)) is not None]
         if known:
@@ -277,6 +287,16 @@ class LinkCodecs:
         self.chosen = {self.ALL: current}
         self._lines = {p: line for p, line in self._lines.items() if p in meters}
         return current
+
+    def _smallest(self, keys: Iterable[str]) -> dict[str, str]:
+        """The smallest codec for each of ``keys``, no probe pending (what was learned of the
+        links is kept)."""
+        chosen = dict.fromkeys(keys, self.by_size[0])
+        self.chosen = chosen
+        self._probing = {k: c for k, c in self._probing.items() if k not in chosen}
+        if self.ALL not in chosen:
+            self._forget(chosen.keys())
+        return dict(chosen)
 
     def _forget(self, links: Iterable[str]) -> None:
         """Keep nothing of the links not among ``links`` (they closed)."""

@@ -213,7 +213,7 @@ class NodeParts(abc.ABC):
             budget=self.budget,
         )
         self.peers.compute_s = self._compute_s
-        self.peers.settling = lambda: self.trainer.done.is_set() and not self.gossiper.mixer.quiet
+        self.peers.trained = self.trainer.done.is_set
         self.keeper = StateKeeper(
             cfg,
             self.node_id,

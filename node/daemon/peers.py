@@ -144,9 +144,9 @@ class Peers:
         self.codecs = LinkCodecs(gossiper.numel) if cfg.codec == AutoCodec.name else None
         #: The node's seconds of local steps between two rounds (the trainer's, once it runs).
         self.compute_s: Callable[[], float] = lambda: 0.0
-        #: Whether the node's training is over and its rounds still close the disagreement it
-        #: left (``auto`` then scores codecs for that: gossip/codec_choice.py).
-        self.settling: Callable[[], bool] = lambda: False
+        #: Whether the node's training is over (``auto`` then scores codecs for settling the
+        #: disagreement it left, until the rounds are only heartbeats: gossip/codec_choice.py).
+        self.trained: Callable[[], bool] = lambda: False
 
     def set_address(self, address: str) -> None:
         """Where others reach this node; set once it serves, before it talks to anyone."""
@@ -171,11 +171,12 @@ class Peers:
             meters = {peer: m.meter for peer, m in machines.items()}
             now = self.runtime.clock.now()
             # Replaced whole: the worker reads them.
-            compute_s, settling = self.compute_s(), self.settling()
+            compute_s, quiet = self.compute_s(), self.gossiper.mixer.quiet
+            phase = {"settling": self.trained() and not quiet, "quiet": quiet}
             if self.cfg.pace == "link":
-                self.gossiper.link_codecs = self.codecs.update(meters, compute_s, now, settling)
+                self.gossiper.link_codecs = self.codecs.update(meters, compute_s, now, **phase)
             else:
-                self.gossiper.round_codec = self.codecs.update_all(meters, compute_s, now, settling)
+                self.gossiper.round_codec = self.codecs.update_all(meters, compute_s, now, **phase)
         return round_pace(machines, self.runtime.clock.now(), self.cfg.pace == "link")
 
     def offer(self, delta: Delta | Mapping[str, Delta]) -> None:

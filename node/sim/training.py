@@ -178,11 +178,12 @@ class SimTrainer:
             meters = {peer: m.meter for peer, m in machines.items()}
             compute_s = owner.step_s * self.sim.cfg.gossip.local_steps
             now = self.sim.events.now()
-            settling = not training and not owner.mixer.quiet
+            quiet = owner.mixer.quiet
+            phase = {"settling": not training and not quiet, "quiet": quiet}
             if state.per_link:
-                state.set_link_codecs(codecs.update(meters, compute_s, now, settling))
+                state.set_link_codecs(codecs.update(meters, compute_s, now, **phase))
             else:
-                state.set_round_codec(codecs.update_all(meters, compute_s, now, settling))
+                state.set_round_codec(codecs.update_all(meters, compute_s, now, **phase))
         try:
             made = owner.mixer.round(owner.model, ready=ready)
             if made is None:

@@ -113,7 +113,8 @@ def test_once_training_is_over_a_slow_link_leaves_sign_for_fewer_rounds_to_agree
     """While the node trains, a round of sign is worth nearly one of int8 (its error waits in
     x - x̂ for the next), and sign wins a home uplink by its bytes. Once training is over the
     job is closing the disagreement it left (settling), where sign needs 430 rounds to int4's
-    12 (ROUNDS_TO_CONSENSUS): fewer bytes in all on int4. Once settled, sign again."""
+    12 (ROUNDS_TO_CONSENSUS): fewer bytes in all on int4. While its rounds are only heartbeats,
+    the smallest codec: on a LAN too, where settling takes fp16."""
     home = Link(HOME)
     home.carry("sign")
     home.carry("int8")  # two codecs measured: a line of time against bytes
@@ -125,6 +126,16 @@ def test_once_training_is_over_a_slow_link_leaves_sign_for_fewer_rounds_to_agree
     one = LinkCodecs(MLP, memory_s=60.0)
     assert one.update_all({"home": home.meter}, 0.002, home.now) == "sign"
     assert one.update_all({"home": home.meter}, 0.002, home.now, settling=True) == "int4"
+    # Quiet (only heartbeats): the smallest codec, on any link, measured or not.
+    lan = Link(dict.fromkeys(AUTO_CODECS, 0.025))
+    lan.carry("int8")
+    lan.carry("sign")
+    assert per_link.update({"lan": lan.meter}, 0.002, lan.now, settling=True) == {"lan": "fp16"}
+    assert per_link.update({"lan": lan.meter}, 0.002, lan.now, quiet=True) == {"lan": "sign"}
+    assert per_link.probing == {}
+    assert (
+        one.update_all({"home": home.meter, "lan": lan.meter}, 0.0, lan.now, quiet=True) == "sign"
+    )
 
 
 def test_a_link_where_each_delta_pays_a_fixed_cost_settles_on_int8() -> None:
