@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from gossip.codecs import AUTO_CODECS, get_codec
 from gossip.link_meter import LinkMeter
@@ -61,7 +62,9 @@ __all__ = [
     "ROUNDS_WHILE_TRAINING",
     "LinkCodecs",
     "LinkMeasure",
+    "Phase",
     "choose_codec",
+    "phase_of",
     "pick",
     "round_time_s",
 ]
@@ -74,6 +77,17 @@ ROUNDS_TO_CONSENSUS: Mapping[str, float] = {"fp16": 5, "int8": 7, "int4": 12, "s
 #: the worst node's time to the target, the larger of two swarms (16 nodes of the digits MLP,
 #: 4 of the 1.1M-parameter MLP; bench/codec_tracking.py, RESULTS.md).
 ROUNDS_WHILE_TRAINING: Mapping[str, float] = {"fp16": 1.0, "int8": 1.1, "int4": 1.4, "sign": 1.5}
+
+#: What a node's rounds are for (:func:`phase_of`): keeping up with its training, closing the
+#: disagreement training left (*settling*), or only heartbeats (*quiet*).
+Phase = Literal["training", "settling", "quiet"]
+
+
+def phase_of(trained: bool, quiet: bool) -> Phase:
+    """A node's phase: ``quiet`` while its rounds are only heartbeats (its trigger's last round
+    was one), else ``settling`` once its training is over (``trained``), else ``training``."""
+    return "quiet" if quiet else "settling" if trained else "training"
+
 
 #: A codec of fewer bytes is taken when its score is within this factor of the best.
 FRUGAL = 1.15
@@ -241,24 +255,23 @@ class LinkCodecs:
         meters: Mapping[str, LinkMeter],
         compute_s: float,
         now: float,
-        settling: bool = False,
-        quiet: bool = False,
+        phase: Phase = "training",
     ) -> dict[str, str]:
-        """Each link's codec now, for the links in ``meters`` (the others are forgotten).
-        ``settling``: the node's training is over and its rounds still close what disagreement
-        it left; codecs are then scored by ``settle_rounds``, with no steps between rounds.
-        ``quiet``: the node's rounds are only heartbeats; every link takes the smallest codec."""
-        if quiet:
-            return self._smallest(meters.keys())
+        """Each link's codec now, for the links in ``meters`` (the others are forgotten), in the
+        node's ``phase`` (:func:`phase_of`): while settling, codecs are scored by
+        ``settle_rounds`` with no steps between rounds; while quiet, every link takes the
+        smallest codec, no probe pending."""
         chosen = {}
         for peer, meter in meters.items():
             current = self.chosen.get(peer, self.initial)
-            times = self._times(peer, meter, current, now)
-            chosen[peer] = (
-                current
-                if times is None
-                else self._decide(peer, current, *times, compute_s, now, settling)
-            )
+            if phase == "quiet":
+                chosen[peer] = self._quiet(peer)
+            elif (times := self._times(peer, meter, current, now)) is None:
+                chosen[peer] = current
+            else:
+                chosen[peer] = self._decide(
+                    peer, current, *times, compute_s, now, phase == "settling"
+                )
         self.chosen = chosen
         self._forget(chosen.keys())
         return dict(chosen)
@@ -268,35 +281,35 @@ class LinkCodecs:
         meters: Mapping[str, LinkMeter],
         compute_s: float,
         now: float,
-        settling: bool = False,
-        quiet: bool = False,
+        phase: Phase = "training",
     ) -> str:
         """The one codec of every link now: each codec's time is its slowest link's (the links
-        that have not measured the current codec yet are left out). ``settling`` and ``quiet``
-        as for :meth:`update`."""
-        if quiet:
-            self._lines = {p: line for p, line in self._lines.items() if p in meters}
-            return self._smallest([self.ALL])[self.ALL]
+        that have not measured the current codec yet are left out). ``phase`` as for
+        :meth:`update`."""
         current = self.chosen.get(self.ALL, self.initial)
-        known = [t for p, m in meters.items() if (t := self._times(p, m, current, now)) is not None]
-        if known:
+        if phase == "quiet":
+            current = self._quiet(self.ALL)
+        elif known := [
+            t for p, m in meters.items() if (t := self._times(p, m, current, now)) is not None
+        ]:
             worst = {c: max(times[c] for times, _ in known) for c in self.candidates}
             current = self._decide(
-                self.ALL, current, worst, min(n for _, n in known), compute_s, now, settling
+                self.ALL,
+                current,
+                worst,
+                min(n for _, n in known),
+                compute_s,
+                now,
+                phase == "settling",
             )
         self.chosen = {self.ALL: current}
         self._lines = {p: line for p, line in self._lines.items() if p in meters}
         return current
 
-    def _smallest(self, keys: Iterable[str]) -> dict[str, str]:
-        """The smallest codec for each of ``keys``, no probe pending (what was learned of the
-        links is kept)."""
-        chosen = dict.fromkeys(keys, self.by_size[0])
-        self.chosen = chosen
-        self._probing = {k: c for k, c in self._probing.items() if k not in chosen}
-        if self.ALL not in chosen:
-            self._forget(chosen.keys())
-        return dict(chosen)
+    def _quiet(self, key: str) -> str:
+        """The smallest codec, no probe pending (what was learned of the link is kept)."""
+        self._probing.pop(key, None)
+        return self.by_size[0]
 
     def _forget(self, links: Iterable[str]) -> None:
         """Keep nothing of the links not among ``links`` (they closed)."""

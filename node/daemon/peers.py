@@ -11,7 +11,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from gossip.budget import ByteBudget
-from gossip.codec_choice import LinkCodecs
+from gossip.codec_choice import LinkCodecs, phase_of
 from gossip.codecs import AutoCodec
 from gossip.link import round_pace
 from gossip.membership import MemberView
@@ -171,12 +171,12 @@ class Peers:
             meters = {peer: m.meter for peer, m in machines.items()}
             now = self.runtime.clock.now()
             # Replaced whole: the worker reads them.
-            compute_s, quiet = self.compute_s(), self.gossiper.mixer.quiet
-            phase = {"settling": self.trained() and not quiet, "quiet": quiet}
+            compute_s = self.compute_s()
+            phase = phase_of(self.trained(), self.gossiper.mixer.quiet)
             if self.cfg.pace == "link":
-                self.gossiper.link_codecs = self.codecs.update(meters, compute_s, now, **phase)
+                self.gossiper.link_codecs = self.codecs.update(meters, compute_s, now, phase)
             else:
-                self.gossiper.round_codec = self.codecs.update_all(meters, compute_s, now, **phase)
+                self.gossiper.round_codec = self.codecs.update_all(meters, compute_s, now, phase)
         return round_pace(machines, self.runtime.clock.now(), self.cfg.pace == "link")
 
     def offer(self, delta: Delta | Mapping[str, Delta]) -> None:

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from gossip.codec_choice import LinkCodecs
+from gossip.codec_choice import LinkCodecs, phase_of
 from gossip.link import round_pace
 from gossip.messages import Delta
 from gossip.mixing import Mixer
@@ -178,12 +178,11 @@ class SimTrainer:
             meters = {peer: m.meter for peer, m in machines.items()}
             compute_s = owner.step_s * self.sim.cfg.gossip.local_steps
             now = self.sim.events.now()
-            quiet = owner.mixer.quiet
-            phase = {"settling": not training and not quiet, "quiet": quiet}
+            phase = phase_of(not training, owner.mixer.quiet)
             if state.per_link:
-                state.set_link_codecs(codecs.update(meters, compute_s, now, **phase))
+                state.set_link_codecs(codecs.update(meters, compute_s, now, phase))
             else:
-                state.set_round_codec(codecs.update_all(meters, compute_s, now, **phase))
+                state.set_round_codec(codecs.update_all(meters, compute_s, now, phase))
         try:
             made = owner.mixer.round(owner.model, ready=ready)
             if made is None:

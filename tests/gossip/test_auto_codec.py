@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gossip.clock import ManualClock
-from gossip.codec_choice import DRIFT, LinkCodecs
+from gossip.codec_choice import DRIFT, LinkCodecs, phase_of
 from gossip.codecs import AUTO_CODECS, AutoCodec, CodecError, get_codec
 from gossip.link import Link as LinkMachine
 from gossip.link import LinkConfig, SendDelta, SendSnapshot
@@ -115,26 +115,34 @@ def test_once_training_is_over_a_slow_link_leaves_sign_for_fewer_rounds_to_agree
     job is closing the disagreement it left (settling), where sign needs 430 rounds to int4's
     12 (ROUNDS_TO_CONSENSUS): fewer bytes in all on int4. While its rounds are only heartbeats,
     the smallest codec: on a LAN too, where settling takes fp16."""
+    # (trained, quiet): heartbeats only is quiet, during training (a byte budget) too
+    phases = [
+        phase_of(t, q) for t, q in [(False, False), (True, False), (True, True), (False, True)]
+    ]
+    assert phases == ["training", "settling", "quiet", "quiet"]
     home = Link(HOME)
     home.carry("sign")
     home.carry("int8")  # two codecs measured: a line of time against bytes
     per_link = LinkCodecs(MLP, memory_s=60.0)
     assert per_link.update({"home": home.meter}, 0.002, home.now) == {"home": "sign"}
-    assert per_link.update({"home": home.meter}, 0.002, home.now, settling=True) == {"home": "int4"}
+    assert per_link.update({"home": home.meter}, 0.002, home.now, phase="settling") == {
+        "home": "int4"
+    }
     home.carry("int4")  # as ever, a link measures its codec before it changes again
     assert per_link.update({"home": home.meter}, 0.002, home.now) == {"home": "sign"}
     one = LinkCodecs(MLP, memory_s=60.0)
     assert one.update_all({"home": home.meter}, 0.002, home.now) == "sign"
-    assert one.update_all({"home": home.meter}, 0.002, home.now, settling=True) == "int4"
+    assert one.update_all({"home": home.meter}, 0.002, home.now, phase="settling") == "int4"
     # Quiet (only heartbeats): the smallest codec, on any link, measured or not.
     lan = Link(dict.fromkeys(AUTO_CODECS, 0.025))
     lan.carry("int8")
     lan.carry("sign")
-    assert per_link.update({"lan": lan.meter}, 0.002, lan.now, settling=True) == {"lan": "fp16"}
-    assert per_link.update({"lan": lan.meter}, 0.002, lan.now, quiet=True) == {"lan": "sign"}
+    assert per_link.update({"lan": lan.meter}, 0.002, lan.now, phase="settling") == {"lan": "fp16"}
+    assert per_link.update({"lan": lan.meter}, 0.002, lan.now, phase="quiet") == {"lan": "sign"}
     assert per_link.probing == {}
     assert (
-        one.update_all({"home": home.meter, "lan": lan.meter}, 0.0, lan.now, quiet=True) == "sign"
+        one.update_all({"home": home.meter, "lan": lan.meter}, 0.0, lan.now, phase="quiet")
+        == "sign"
     )
 
 
