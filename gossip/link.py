@@ -71,8 +71,8 @@ class LinkConfig:
     """Args:
     queue: deltas held for a neighbour; past that the link resyncs with a snapshot instead.
     window: unacknowledged or queued deltas at which the link counts as busy.
-    window_bytes: payload bytes in line below which more than ``window`` small deltas may be
-        (see gossip/outbox.py).
+    window_bytes, window_s: payload bytes, and seconds of the link's measured pace, in line
+        below which more than ``window`` small deltas may be (see gossip/outbox.py).
     overdue_min_s, overdue_factor: when an answer counts as overdue (see gossip/outbox.py).
     call_timeout_s: the deadline of a call a driver makes for the link (a snapshot's grows
         with its bytes: node/daemon/links.py's ``transfer_timeout_s``).
@@ -84,6 +84,7 @@ class LinkConfig:
     queue: int = 16  # bounds a link's memory; 16 rounds is seconds of a slow link's traffic
     window: int = 2  # one delta on the wire while the next is queued keeps a link full
     window_bytes: int = 65_536  # one TCP loss recovery on a link must not stop every round
+    window_s: float = 0.5  # nor may small deltas queue for seconds on a slow uplink
     overdue_min_s: float = 2.0  # below this, a slow answer is jitter, not a vanished peer
     overdue_factor: float = 4.0  # a few usual answer times: a queue on a slow link is not death
     call_timeout_s: float = 10.0  # a unary call on a working edge link answers well within this
@@ -104,6 +105,7 @@ class LinkConfig:
             queue=self.queue,
             window=self.window,
             window_bytes=self.window_bytes,
+            window_s=self.window_s,
             overdue_min_s=self.overdue_min_s,
             overdue_factor=self.overdue_factor,
         )

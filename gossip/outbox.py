@@ -27,6 +27,12 @@ The neighbour's replica of this node's public copy x̂ is a replicated log (goss
   what the link carries: one lost packet stalls a stream for a retransmission timeout (200 ms or
   more), and with only ``window`` of them allowed, every stall on any link stopped the node's
   rounds (at 10% loss and 40 ms each way, rounds fell to a fifth; bench/lossy_links.py).
+  But bytes are not time: on a slow uplink 64 KiB of small deltas is seconds of backlog, and each
+  round made behind it lands that much staler. So the link is also busy once what waits on it
+  would take ``window_s`` to get through at the pace its answers have been coming (each answer's
+  time counted from its send, or from the answer before it if that came later, as
+  gossip/link_meter.py counts it). On a lossy link that pace is fast between stalls, so the
+  small deltas still queue; on a slow one they do not.
 
 It is pure and synchronous; node/daemon/links.py drives it over a transport and the simulator over
 its modelled network, so both follow the same policy.
@@ -50,6 +56,8 @@ class OutboxConfig:
     window: unacknowledged or queued deltas at which the link counts as busy, once they hold
         ``window_bytes`` of payload (``queue - window`` of them always do).
     window_bytes: payload bytes in line below which more than ``window`` deltas may be.
+    window_s: seconds of the link's measured pace in line below which more than ``window``
+        deltas may be.
     overdue_min_s: an answer is never overdue sooner than this.
     overdue_factor: an answer is overdue once it takes this many times the link's usual one.
     unmeasured_rate: before the link's first answer that says how long its answers take (a
@@ -63,6 +71,10 @@ class OutboxConfig:
     # 13 of the digits MLP's int8 deltas, enough to ride out a TCP loss recovery at 20 rounds/s;
     # half a second on a 1 Mbit/s edge link; any model over ~30k parameters keeps the window.
     window_bytes: int = 65_536
+    # At 10% loss and 40 ms each way the digits MLP's int8 deltas were answered every ~60 ms:
+    # 8 may wait (bench/lossy_links.py); on a 1 Mbit/s uplink shared by five links, the window's
+    # two (bench/sim_window.py).
+    window_s: float = 0.5
     overdue_min_s: float = 2.0
     overdue_factor: float = 4.0
     unmeasured_rate: float = 125_000.0
@@ -70,8 +82,11 @@ class OutboxConfig:
     def __post_init__(self) -> None:
         if self.queue < 1 or self.window < 1:
             raise ValueError("queue and window must be at least 1")
-        if self.window_bytes < 0:
-            raise ValueError(f"window_bytes is {self.window_bytes}: expected 0 or more")
+        if self.window_bytes < 0 or self.window_s < 0:
+            raise ValueError(
+                f"window_bytes is {self.window_bytes} and window_s {self.window_s}:"
+                " expected 0 or more"
+            )
         if self.overdue_min_s <= 0 or self.overdue_factor < 1 or self.unmeasured_rate <= 0:
             raise ValueError(
                 "overdue_min_s and unmeasured_rate must be positive and overdue_factor at least 1"
@@ -97,6 +112,10 @@ class Outbox:
         self._waiting_since: float | None = None  # the oldest unanswered send (or snapshot)
         #: When the newest answered delta was sent (-inf before the first answer).
         self.answered_sent = -math.inf
+        #: Smoothed seconds between the link's answers while it has deltas in line (each from
+        #: its send, or from the answer before it if later); None before the first answer.
+        self.pace_s: float | None = None
+        self._last_answer = -math.inf
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -127,12 +146,14 @@ class Outbox:
     @property
     def busy(self) -> bool:
         """Another round now would only wait in line behind ``window`` others (unacknowledged or
-        queued; while a snapshot travels, queued ones) holding ``window_bytes``, or behind
-        ``queue - window``."""
+        queued; while a snapshot travels, queued ones) holding ``window_bytes`` or
+        ``window_s`` of the link's pace, or behind ``queue - window``."""
         waiting = self.in_flight + len(self._pending)
         if waiting < self.cfg.window:
             return False
         if waiting >= self.cfg.queue - self.cfg.window:
+            return True
+        if self.pace_s is not None and waiting * self.pace_s >= self.cfg.window_s:
             return True
         held = sum(self._sent_bytes) + sum(d.payload.nbytes for d in self._pending)
         return held >= self.cfg.window_bytes
@@ -200,6 +221,9 @@ class Outbox:
             sent = self._sent_at.popleft()
             self.answered_sent = max(self.answered_sent, sent)
             self._answered(sent, now)
+            took = max(0.0, now - max(sent, self._last_answer))
+            self.pace_s = took if self.pace_s is None else 0.8 * self.pace_s + 0.2 * took
+            self._last_answer = now
             self._sent_bytes.popleft()
         self._waiting_since = self._sent_at[0] if self._sent_at else None
 

@@ -96,6 +96,8 @@ class GossipConfig:
     heartbeat_s: the slowest a node gossips with the trigger (at most 0.4 of
         ``silence_limit_s``).
     link_queue: deltas queued per neighbour; past that the link resyncs with a snapshot.
+    link_window_s: seconds of a link's measured pace that may wait in line on it before it
+        holds up rounds (gossip/outbox.py; ``window_s``).
     silence_limit_s: a neighbour silent this long leaves the mix until it speaks again.
     call_timeout_s: deadline of each call to a peer.
     seed: seeds random-regular graphs (every node must use the same).
@@ -136,6 +138,7 @@ class GossipConfig:
     trigger_threshold: float = TriggerConfig.threshold
     heartbeat_s: float = TriggerConfig.heartbeat_s
     link_queue: int = 16
+    link_window_s: float = 0.5
     silence_limit_s: float = 30.0
     call_timeout_s: float = 10.0
     seed: int = 0

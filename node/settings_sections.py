@@ -155,6 +155,9 @@ class GossipSettings(Schema):
         12.0, description="with the trigger, gossip at least this often"
     )  # 0.4 of the silence limit: two lost heartbeats are no silence
     link_queue: AtLeastOne = Field(16, description="deltas queued per neighbour")
+    link_window_s: Annotated[float, Field(ge=0)] = Field(
+        0.5, description="seconds of a link's pace that may wait in line on it"
+    )  # see gossip/outbox.py: time, not bytes, is what makes a round stale
     silence_limit_s: Positive = Field(
         30.0, description="a neighbour silent this long leaves the mix"
     )  # about 3 SWIM suspicions

@@ -82,7 +82,9 @@ class Peers:
         self.cfg = cfg
         self.runtime = runtime
         clock = runtime.clock
-        self.link_cfg = LinkConfig(queue=cfg.link_queue, call_timeout_s=cfg.call_timeout_s)
+        self.link_cfg = LinkConfig(
+            queue=cfg.link_queue, window_s=cfg.link_window_s, call_timeout_s=cfg.call_timeout_s
+        )
         self.swim = Swim(node_id, "", incarnation, swim_cfg, clock, runtime.fork_rng())
         self.swim.region = cfg.region
         #: The swarm's revocation list as this node knows it (node/security/revocation.py).

@@ -137,7 +137,9 @@ class SimNode:
             UploadCap(g.max_upload_rate, sim.clock.now()) if g.max_upload_rate is not None else None
         )
         self.mixer = Mixer(self.state, mix, outer, budget=self.budget)
-        self.link_cfg = LinkConfig(queue=g.link_queue, call_timeout_s=g.call_timeout_s)
+        self.link_cfg = LinkConfig(
+            queue=g.link_queue, window_s=g.link_window_s, call_timeout_s=g.call_timeout_s
+        )
         self.neighbourhood: Neighbourhood[SimLink] = Neighbourhood(
             self.view,
             g,

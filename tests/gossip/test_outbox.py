@@ -309,7 +309,8 @@ def sent(outbox: Outbox, seq: int, nbytes: int) -> None:
 
 
 def test_small_deltas_may_be_more_than_the_window_up_to_its_bytes_or_nearly_the_queue() -> None:
-    outbox = Outbox(OutboxConfig(queue=16, window=2, window_bytes=10_000))
+    # window_s inf: the bytes alone decide here (the time is the next test's).
+    outbox = Outbox(OutboxConfig(queue=16, window=2, window_bytes=10_000, window_s=math.inf))
     outbox.snapshot_taken(0, now=0.0)
     outbox.snapshot_answered(now=0.0)
     busy = []
@@ -332,6 +333,38 @@ def test_small_deltas_may_be_more_than_the_window_up_to_its_bytes_or_nearly_the_
     assert not large.busy  # one in line is under the window, however large
     sent(large, 2, 20_000)
     assert large.busy
+
+
+def test_small_deltas_wait_in_line_no_longer_than_window_s_at_the_links_pace() -> None:
+    cfg = OutboxConfig(queue=16, window=2, window_bytes=1 << 20, window_s=1.0)
+    fast = Outbox(cfg)
+    fast.snapshot_taken(0, now=0.0)
+    fast.snapshot_answered(now=0.0)
+    unmeasured = fast.pace_s
+    assert unmeasured is None  # no delta answered yet: bytes and counts decide
+    sent(fast, 1, 40)  # at 1.0
+    fast.acked(now=1.125)
+    assert fast.pace_s == 0.125
+    busy = []
+    for seq in range(2, 11):  # 1 to 9 in line; 8 of them are a second at 0.125 s each
+        sent(fast, seq, 40)
+        busy.append(fast.busy)
+    assert busy == [False] * 7 + [True, True]
+    slow = Outbox(cfg)
+    slow.snapshot_taken(0, now=0.0)
+    slow.snapshot_answered(now=0.0)
+    sent(slow, 1, 40)  # at 1.0
+    slow.acked(now=1.5)  # 0.5 s for 40 bytes: the uplink is slow, or shared by many links
+    busy = []
+    for seq in range(2, 4):
+        sent(slow, seq, 40)
+        busy.append(slow.busy)
+    assert busy == [False, True]  # the window's two, not the 14 that 40-byte deltas may be
+    slow.acked(now=4.0)  # seq 2, sent at 2.0: 2 s
+    assert slow.pace_s == pytest.approx(0.8 * 0.5 + 0.2 * 2.0)
+    # An answer's time counts from the answer before it when it waited in line behind that.
+    slow.acked(now=4.25)  # seq 3, sent at 3.0, behind seq 2 until 4.0: 0.25 s
+    assert slow.pace_s == pytest.approx(0.8 * 0.8 + 0.2 * 0.25)
 
 
 def test_a_neighbour_that_stops_answering_holds_up_rounds_a_few_answer_times_only() -> None:
