@@ -7,9 +7,12 @@ import ast
 import inspect
 from pathlib import Path
 
+from gossip.outbox import OutboxConfig
+from node.config import GossipConfig
 from node.daemon import service
 from node.daemon.node import Node
 from node.runtime import Runtime
+from node.sim import SimConfig, Simulation
 from node.transport.memory import MemoryNetwork, MemoryTransport
 from tests.node.helpers import config
 
@@ -40,3 +43,15 @@ async def test_the_service_talks_to_its_port_only(tmp_path: Path) -> None:
     tree = ast.parse(inspect.getsource(service))
     attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     assert "node" not in attributes  # no self.node.<anything> left
+
+
+async def test_the_links_window_in_time_reaches_the_links_of_both_runtimes(tmp_path: Path) -> None:
+    """``gossip.link_window_s`` (gossip/outbox.py ``window_s``) is what each runtime's links
+    are built with, not the outbox's default."""
+    cfg = config(tmp_path / "a", listen="mem:0", **{"gossip.link_window_s": 0.25})
+    node = await Node.create(cfg, transport=MemoryTransport(MemoryNetwork()))
+    sim = Simulation(SimConfig(nodes=2, gossip=GossipConfig(link_window_s=0.25)))
+    built = [node.peers.link_cfg.outbox.window_s]
+    built += [n.link_cfg.outbox.window_s for n in sim.nodes.values()]
+    assert built == [0.25, 0.25, 0.25]
+    assert OutboxConfig().window_s != 0.25
