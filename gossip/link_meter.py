@@ -21,10 +21,16 @@ from __future__ import annotations
 import math
 from collections import deque
 
-__all__ = ["SAMPLES", "LinkMeter"]
+__all__ = ["SAMPLES", "LinkMeter", "time_on_link"]
 
 #: The deltas of one codec its time on a link is the mean over.
 SAMPLES = 8
+
+
+def time_on_link(left: float, last_answer: float, now: float) -> float:
+    """A delta's time on its link, answered at ``now``: from when it ``left``, or from the
+    ``last_answer`` before it if that came later (it waited in line behind that one)."""
+    return max(0.0, now - max(left, last_answer))
 
 
 class LinkMeter:
@@ -51,7 +57,7 @@ class LinkMeter:
         if not self._in_flight:
             return
         left, codec = self._in_flight.popleft()
-        took = max(0.0, now - max(left, self._last_answer))
+        took = time_on_link(left, self._last_answer, now)
         self._times.setdefault(codec, deque(maxlen=SAMPLES)).append(took)
         self._seen_at[codec] = now
         self._last_answer = now

@@ -30,9 +30,9 @@ The neighbour's replica of this node's public copy x̂ is a replicated log (goss
   But bytes are not time: on a slow uplink 64 KiB of small deltas is seconds of backlog, and each
   round made behind it lands that much staler. So the link is also busy once what waits on it
   would take ``window_s`` to get through at the pace its answers have been coming (each answer's
-  time counted from its send, or from the answer before it if that came later, as
-  gossip/link_meter.py counts it). On a lossy link that pace is fast between stalls, so the
-  small deltas still queue; on a slow one they do not.
+  time counted from its send, or from the answer before it if that came later:
+  gossip/link_meter.py's ``time_on_link``). On a lossy link that pace is fast between stalls, so
+  the small deltas still queue; on a slow one they do not.
 
 It is pure and synchronous; node/daemon/links.py drives it over a transport and the simulator over
 its modelled network, so both follow the same policy.
@@ -44,6 +44,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from gossip.link_meter import time_on_link
 from gossip.messages import Delta
 
 __all__ = ["Outbox", "OutboxConfig"]
@@ -221,7 +222,7 @@ class Outbox:
             sent = self._sent_at.popleft()
             self.answered_sent = max(self.answered_sent, sent)
             self._answered(sent, now)
-            took = max(0.0, now - max(sent, self._last_answer))
+            took = time_on_link(sent, self._last_answer, now)
             self.pace_s = took if self.pace_s is None else 0.8 * self.pace_s + 0.2 * took
             self._last_answer = now
             self._sent_bytes.popleft()
