@@ -2,8 +2,8 @@
 
     .venv/bin/python -m bench.optimizer_gap [--nodes 8] [--steps 100] [--lr 1e-3]
         [--task text:size=1m,seq_len=64,batch_size=8,warmup=20]
-        [--systems all-reduce,local,shared,swarm] [--points 1] [--seed 0] [--threads 2]
-        [--json PATH]
+        [--systems all-reduce,local,shared,swarm,quasi-global] [--graph exact|ring]
+        [--mix-share 1.0] [--points 1] [--seed 0] [--threads 2] [--json PATH]
 
 How much of the gap between gossip at its best and all-reduce is Adam's second moment (a
 node's is of one gradient, all-reduce's of a mean of N)? Node i trains on shard i (the text
@@ -14,11 +14,15 @@ AdamW: betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices.
 
 - ``all-reduce``: one model, torch's AdamW on the mean of the nodes' gradients.
 - ``local``: a model per node, each with torch's AdamW on its own batch, the models averaged
-  exactly after every step: the best that any gossip can do.
+  exactly after every step: the best that any gossip can do. With ``--graph ring`` (for this
+  and the systems below) the models are instead mixed by one synchronous step of fp32 gossip
+  on a ring (a third to each neighbour) after every step.
 - ``shared``: as ``local``, but every node divides by the root of the nodes' mean second moment
   (each keeps its own moments; the denominator is shared, as if second moments were gossiped).
 - ``swarm``: as ``local``, but each node divides by sqrt(m̂² + max(v̂ - m̂², 0) / N), its estimate
   of the second moment of a mean of N gradients.
+- ``quasi-global``: as ``local``, with bench/quasi_global.py's AdamW at ``--mix-share``: each
+  node's momentum also takes in what the mix moved its model by.
 
 Printed: the eval loss of the (averaged) model at ``--points`` evenly spaced steps, the end's
 against all-reduce's, and each system's wall seconds.
@@ -38,11 +42,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bench.quasi_global import QuasiGlobalAdamW
 from node.tasks.base import Shard, Task, evaluate, load_task, parse_task_spec
 from node.tasks.schedules import warmup_cosine_factor
 
 TASK = "text:size=1m,seq_len=64,batch_size=8,warmup=20"
-SYSTEMS = ("all-reduce", "local", "shared", "swarm")
+SYSTEMS = ("all-reduce", "local", "shared", "swarm", "quasi-global")
 BETAS = (0.9, 0.95)
 EPS = 1e-8
 WEIGHT_DECAY = 0.1
@@ -58,18 +63,23 @@ class Setup:
     batches: list[list[Batch]]  # batches[step][node]
     lr: float
     warmup: int
+    graph: str = "exact"
+    mix_share: float = 1.0
 
     def lr_at(self, step: int) -> float:
         return self.lr * warmup_cosine_factor(step, self.warmup, len(self.batches), 0.1)
 
 
-def adamw(model: nn.Module, lr: float) -> torch.optim.AdamW:
+def adamw(model: nn.Module, lr: float, mix_share: float | None = None) -> torch.optim.Optimizer:
+    """torch's AdamW, or with ``mix_share`` the quasi-global one (bench/quasi_global.py)."""
     params = list(model.parameters())
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=lr, betas=BETAS)
+    if mix_share is None:
+        return torch.optim.AdamW(groups, lr=lr, betas=BETAS)
+    return QuasiGlobalAdamW(groups, lr=lr, betas=BETAS, eps=EPS, mix_share=mix_share)
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
@@ -92,12 +102,24 @@ class AllReduce:
 
 
 class Averaged:
-    """A model per node, each stepped on its own batch, then all set to their mean."""
+    """A model per node, each stepped on its own batch, then mixed: set to their mean
+    (``exact``), or one step of gossip on a ring (``ring``: a third to each neighbour)."""
 
     def __init__(self, setup: Setup) -> None:
         self.models = [copy.deepcopy(setup.tasks[0].model) for _ in setup.tasks]
-        self.model = self.models[0]
         self.loss = setup.tasks[0].loss
+        self.graph = setup.graph
+        self._mean = copy.deepcopy(setup.tasks[0].model)
+
+    @property
+    def model(self) -> nn.Module:
+        """The nodes' averaged model."""
+        with torch.no_grad():
+            for mean, *params in zip(
+                self._mean.parameters(), *(m.parameters() for m in self.models), strict=True
+            ):
+                mean.copy_(torch.stack(params).mean(0))
+        return self._mean
 
     def step(self, lr: float, batches: list[Batch]) -> None:
         for model, (x, y) in zip(self.models, batches, strict=True):
@@ -106,18 +128,22 @@ class Averaged:
         self.update(lr)
         with torch.no_grad():
             for params in zip(*(m.parameters() for m in self.models), strict=True):
-                mean = torch.stack(params).mean(0)
-                for p in params:
-                    p.copy_(mean)
+                stacked = torch.stack(params)
+                if self.graph == "exact":
+                    mixed = stacked.mean(0, keepdim=True).expand_as(stacked)
+                else:
+                    mixed = (stacked + stacked.roll(1, 0) + stacked.roll(-1, 0)) / 3
+                for p, x in zip(params, mixed, strict=True):
+                    p.copy_(x)
 
     def update(self, lr: float) -> None:
         raise NotImplementedError
 
 
 class Local(Averaged):
-    def __init__(self, setup: Setup) -> None:
+    def __init__(self, setup: Setup, mix_share: float | None = None) -> None:
         super().__init__(setup)
-        self.opts = [adamw(m, setup.lr) for m in self.models]
+        self.opts = [adamw(m, setup.lr, mix_share) for m in self.models]
 
     def update(self, lr: float) -> None:
         for opt in self.opts:
@@ -174,6 +200,7 @@ MAKERS: dict[str, Callable[[Setup], AllReduce | Averaged]] = {
     "local": Local,
     "shared": lambda setup: Pooled(setup, shared_denominators),
     "swarm": lambda setup: Pooled(setup, swarm_denominators),
+    "quasi-global": lambda setup: Local(setup, mix_share=setup.mix_share),
 }
 
 
@@ -190,7 +217,7 @@ def make_setup(args: argparse.Namespace) -> Setup:
     gens = [torch.Generator().manual_seed(100 + i) for i in range(args.nodes)]
     batches = [[draw(t, g) for t, g in zip(tasks, gens, strict=True)] for _ in range(args.steps)]
     warmup = int(parse_task_spec(args.task)[1].get("warmup", 100))
-    return Setup(tasks, batches, args.lr, warmup)
+    return Setup(tasks, batches, args.lr, warmup, args.graph, args.mix_share)
 
 
 def eval_loss(setup: Setup, model: nn.Module) -> float:
@@ -248,6 +275,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--systems", type=systems, default=list(SYSTEMS))
     parser.add_argument("--points", type=int, default=1, help="evaluations along the run")
+    parser.add_argument("--graph", choices=("exact", "ring"), default="exact")
+    parser.add_argument("--mix-share", type=float, default=1.0, help="quasi-global's")
     parser.add_argument("--seed", type=int, default=0, help="seeds the initial model")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the results here")
