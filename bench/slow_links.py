@@ -19,7 +19,9 @@ Either may end in ``/RATE``: the nodes run with ``--max-upload-rate RATE`` (byte
 Needs root (namespaces and tc). Each node gets namespace ``mmb-n<i>`` with an ``eth0`` on a bridge
 in the root namespace; ``scripts/shape-link`` shapes both directions of its link (the node's
 uplink inside the namespace, its downlink on the bridge side): netem where the kernel has it,
-else the rate alone through tbf (the script says what it could not apply, and so does the table).
+else the rate alone through tbf, and then the delay and loss in user space (tests/impair.py's
+NFQUEUE workers, on what each node receives; iptables and the dev extra's fnfqueue). The
+table's title says which.
 Everything the bench makes is named ``mmb-*`` and removed at the end, on failure too, and before
 it starts (left over from a run that was killed).
 
@@ -40,7 +42,7 @@ import json
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,7 @@ from node.config import GossipConfig
 from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from node.tasks import Shard, load_task
 from node.tasks.base import evaluate
+from tests.impair import Impairment
 
 TASK = "bench.wide_task:make_task"
 PREFIX = "mmb"
@@ -84,9 +87,15 @@ class Testnet:
     #: Names of everything made start with this (another bench may use its own at once).
     name: str = PREFIX
     subnet: str = SUBNET
+    #: Delay and loss in user space (tests/impair.py's NFQUEUE workers, on each host's receive
+    #: side) where the kernel has no netem; None where netem applied them, or none were asked.
+    impairment: Impairment | None = field(default=None, repr=False)
 
     def namespace(self, i: int) -> str:
         return f"{self.name}-n{i}"
+
+    def exec_argv(self, i: int) -> list[str]:
+        return self.prefix(i)
 
     def address(self, i: int) -> str:
         return f"{self.subnet}.{i + 1}"
@@ -133,8 +142,21 @@ class Testnet:
             shaping.append(sh(*self.prefix(i), SHAPE, "eth0", *up))
             sh(SHAPE, outside, "--rate", self.rate)  # the downlink: the rate only
         self.applied = shaping[0]
+        delay_s, loss = _seconds(self.delay), _fraction(self.loss)
+        if self.applied.startswith("applied tbf") and (delay_s > 0 or loss > 0):
+            # No netem: tbf holds the rate, and the delay and loss go in user space, before
+            # any process opens a connection (tests/impair.py turns segmentation offload off).
+            self.impairment = Impairment(self, "nfqueue").__enter__()
+            self.impairment.set(loss, delay_s)
+            self.applied = (
+                f"applied tbf: rate {self.rate}; in user space (no netem): delay {self.delay}"
+                f" and loss {self.loss or 0} on what each host receives"
+            )
 
     def clean(self) -> None:
+        if self.impairment is not None:
+            self.impairment.close()
+            self.impairment = None
         for ns in sh("ip", "netns", "list", check=False).splitlines():
             name = ns.split()[0] if ns.split() else ""
             if name.startswith(f"{self.name}-n"):
@@ -146,6 +168,23 @@ class Testnet:
                 while succeeds("iptables", "-D", *rule):
                     pass
             sh("ip", "link", "del", bridge, check=False)
+
+
+def _seconds(delay: str) -> float:
+    """``20ms``, ``500us`` or ``0.5s`` in seconds (``0`` or empty: none)."""
+    for unit, scale in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
+        if delay.endswith(unit):
+            return float(delay[: -len(unit)]) * scale
+    if delay in ("", "0"):
+        return 0.0
+    raise ValueError(f"a delay needs its unit (20ms, 0.5s), got {delay!r}")
+
+
+def _fraction(loss: str) -> float:
+    """``1%`` or ``0.01`` as a fraction."""
+    if not loss:
+        return 0.0
+    return float(loss[:-1]) / 100 if loss.endswith("%") else float(loss)
 
 
 def _bridge_filtered() -> bool:

@@ -7,11 +7,12 @@ codecs against all-reduce, every node in its own network namespace behind a shap
 
 Needs root. The network is bench/slow_links.py's (a bridge, a namespace per node, both
 directions of each link shaped by ``scripts/shape-link``), with everything named ``--name``-*,
-so that it runs beside other benches' namespaces. On a kernel without netem only the rate is
-applied (tbf); the delay is not, and the table says so. murmur nodes write a checkpoint every
-``--poll`` seconds; the bench evaluates every node's latest one and records the worst (highest)
-eval loss; the all-reduce workers hold one model and evaluate it every ``--ar-eval-every``
-steps. Bytes per node: the node's own count, and the bridge side of its link.
+so that it runs beside other benches' namespaces. On a kernel without netem tbf applies the
+rate and the delay goes in user space (see bench/slow_links.py); the table says which. murmur
+nodes write a checkpoint every ``--poll`` seconds; the bench evaluates every node's latest one
+and records the worst (highest) eval loss; the all-reduce workers hold one model and evaluate
+it every ``--ar-eval-every`` steps. Bytes per node: the node's own count, and the bridge side
+of its link.
 """
 
 from __future__ import annotations

@@ -39,9 +39,19 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
-from tests.netns import Testnet, sh
+from tests.netns import sh
+
+
+class Hosts(Protocol):
+    """What impairing a network needs of it: its hosts (each with an ``eth0``), and how to
+    run a command on one (tests.netns.Testnet, and bench/slow_links.py's network)."""
+
+    n: int
+
+    def exec_argv(self, i: int) -> list[str]: ...
+
 
 __all__ = ["Impairment", "netem_available"]
 
@@ -51,7 +61,7 @@ CHAIN = "MURMUR_IMPAIR"  # in each host's own mangle table, so no one else's
 WORKER_START_S = 30.0
 
 
-def netem_available(net: Testnet, host: int = 0) -> bool:
+def netem_available(net: Hosts, host: int = 0) -> bool:
     """Whether the kernel takes a netem qdisc, found by trying one on ``host``'s loopback."""
     argv = [*net.exec_argv(host), "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay"]
     if subprocess.run([*argv, "1ms"], capture_output=True, check=False).returncode != 0:
@@ -69,7 +79,7 @@ class Impairment:
             ``"nfqueue"`` (to test the fallback on a kernel with netem).
     """
 
-    def __init__(self, net: Testnet, method: str = "auto") -> None:
+    def __init__(self, net: Hosts, method: str = "auto") -> None:
         if method not in ("auto", "netem", "nfqueue"):
             raise ValueError(f"method {method!r}: expected auto, netem or nfqueue")
         self.net = net
@@ -182,7 +192,7 @@ class Impairment:
 class DelayWorker:
     """This module as a program in host ``i``'s namespace, serving NFQUEUE ``queue``."""
 
-    def __init__(self, net: Testnet, host: int, queue: int, delay_s: float) -> None:
+    def __init__(self, net: Hosts, host: int, queue: int, delay_s: float) -> None:
         argv = [
             sys.executable,
             "-m",
