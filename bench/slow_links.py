@@ -213,8 +213,10 @@ class AveragedModel:
         for p in paths:
             try:
                 states.append(dict(load_checkpoint(p).model))
-            except (OSError, ValueError):
-                return None  # the checkpoint appears between our exists() and our read
+            except (OSError, ValueError, RuntimeError):
+                # The checkpoint appears, or is replaced, between our exists() and our read
+                # (safetensors says so with a RuntimeError).
+                return None
         mean = average_states(states)
         accuracies = []
         for state in [*states, mean]:
