@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from bench.quasi_global import QuasiGlobalAdamW
 from node.tasks.base import Shard, Task, evaluate, load_task, parse_task_spec
-from node.tasks.schedules import warmup_cosine_factor
+from node.tasks.schedules import decay_groups, warmup_cosine_factor
 
 TASK = "text:size=1m,seq_len=64,batch_size=8,warmup=20"
 SYSTEMS = ("all-reduce", "local", "shared", "swarm", "quasi-global")
@@ -72,11 +72,7 @@ class Setup:
 
 def adamw(model: nn.Module, lr: float, mix_share: float | None = None) -> torch.optim.Optimizer:
     """torch's AdamW, or with ``mix_share`` the quasi-global one (bench/quasi_global.py)."""
-    params = list(model.parameters())
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+    groups = decay_groups(model.parameters(), WEIGHT_DECAY)
     if mix_share is None:
         return torch.optim.AdamW(groups, lr=lr, betas=BETAS)
     return QuasiGlobalAdamW(groups, lr=lr, betas=BETAS, eps=EPS, mix_share=mix_share)

@@ -32,6 +32,7 @@ import torch
 
 from node.tasks import text
 from node.tasks.base import Shard, Task
+from node.tasks.schedules import decay_groups
 
 __all__ = ["QuasiGlobalAdamW", "make_task"]
 
@@ -117,11 +118,6 @@ def make_task(
     task = text.make_task(shard, size, seq_len, batch_size, lr, warmup, split=split)
 
     def make(params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        params = list(params)
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        return QuasiGlobalAdamW(groups, lr=lr, mix_share=mix_share)
+        return QuasiGlobalAdamW(decay_groups(params, 0.1), lr=lr, mix_share=mix_share)
 
     return dataclasses.replace(task, optimizer=make)

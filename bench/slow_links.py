@@ -94,13 +94,11 @@ class Testnet:
     def namespace(self, i: int) -> str:
         return f"{self.name}-n{i}"
 
-    def exec_argv(self, i: int) -> list[str]:
-        return self.prefix(i)
-
     def address(self, i: int) -> str:
         return f"{self.subnet}.{i + 1}"
 
-    def prefix(self, i: int) -> list[str]:
+    def exec_argv(self, i: int) -> list[str]:
+        """What to put before a command line to run it on host ``i``."""
         return ["ip", "netns", "exec", self.namespace(i)]
 
     def sent_bytes(self, i: int) -> int:
@@ -133,13 +131,13 @@ class Testnet:
             sh("ip", "netns", "add", ns)
             sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
             sh("ip", "link", "set", inside, "netns", ns)
-            sh(*self.prefix(i), "ip", "link", "set", inside, "name", "eth0")
-            sh(*self.prefix(i), "ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
-            sh(*self.prefix(i), "ip", "link", "set", "eth0", "up")
-            sh(*self.prefix(i), "ip", "link", "set", "lo", "up")
+            sh(*self.exec_argv(i), "ip", "link", "set", inside, "name", "eth0")
+            sh(*self.exec_argv(i), "ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
+            sh(*self.exec_argv(i), "ip", "link", "set", "eth0", "up")
+            sh(*self.exec_argv(i), "ip", "link", "set", "lo", "up")
             sh("ip", "link", "set", outside, "master", bridge, "up")
             up = ["--rate", self.rate, "--delay", self.delay, "--loss", self.loss]
-            shaping.append(sh(*self.prefix(i), SHAPE, "eth0", *up))
+            shaping.append(sh(*self.exec_argv(i), SHAPE, "eth0", *up))
             sh(SHAPE, outside, "--rate", self.rate)  # the downlink: the rate only
         self.applied = shaping[0]
         delay_s, loss = _seconds(self.delay), _fraction(self.loss)
@@ -268,7 +266,7 @@ async def murmur_run(
     def hook(i: int, argv: list[str]) -> list[str]:
         argv = list(argv)
         argv[argv.index("--listen") + 1] = f"{net.address(i)}:7070"
-        return [*net.prefix(i), *argv, "--checkpoint-interval", str(poll_s)]
+        return [*net.exec_argv(i), *argv, "--checkpoint-interval", str(poll_s)]
 
     before = [net.sent_bytes(i) for i in range(net.n)]
     # Start-up on slow links (model pulls from the first node, a snapshot per link) takes
@@ -331,7 +329,7 @@ async def allreduce_run(
         cfg,
         workdir,
         master=f"{net.address(0)}:29500",
-        prefix=net.prefix,
+        prefix=net.exec_argv,
         env=lambda rank: {"GLOO_SOCKET_IFNAME": "eth0"},
         timeout_s=limit_s + 300,
     )

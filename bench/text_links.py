@@ -74,7 +74,7 @@ async def murmur_run(
     def hook(i: int, argv: list[str]) -> list[str]:
         argv = list(argv)
         argv[argv.index("--listen") + 1] = f"{net.address(i)}:7070"
-        return [*net.prefix(i), *argv, "--checkpoint-interval", str(args.poll)]
+        return [*net.exec_argv(i), *argv, "--checkpoint-interval", str(args.poll)]
 
     before = [net.sent_bytes(i) for i in range(net.n)]
     procs: list[NodeProcess] = await start_swarm(cfg, workdir, together=True, hook=hook)
@@ -122,7 +122,7 @@ async def allreduce_run(net: Testnet, args: argparse.Namespace, workdir: Path) -
         cfg,
         workdir,
         master=f"{net.address(0)}:29500",
-        prefix=net.prefix,
+        prefix=net.exec_argv,
         env=lambda rank: {"GLOO_SOCKET_IFNAME": "eth0"},
         timeout_s=args.limit + 600,
     )

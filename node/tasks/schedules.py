@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
 from node.tasks.base import OptimizerFactory, ScheduleFactory
 
-__all__ = ["adamw", "warmup_cosine", "warmup_cosine_factor"]
+__all__ = ["adamw", "decay_groups", "warmup_cosine", "warmup_cosine_factor"]
 
 
 def adamw(
@@ -33,14 +34,20 @@ def adamw(
     """
 
     def make(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-        params = list(params)
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
+        return torch.optim.AdamW(decay_groups(params, weight_decay), lr=lr, betas=betas)
 
     return make
+
+
+def decay_groups(params: Iterable[nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:
+    """The parameter groups of :func:`adamw`: ``weight_decay`` on matrices, none on biases and
+    gains (a group left empty is left out)."""
+    params = list(params)
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
 
 
 def warmup_cosine_factor(
