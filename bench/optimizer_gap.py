@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.optimizer_gap [--nodes 8] [--steps 100] [--lr 1e-3]
         [--task text:size=1m,seq_len=64,batch_size=8,warmup=20]
-        [--systems all-reduce,local,shared,swarm,quasi-global] [--graph exact|ring]
+        [--systems all-reduce,local,shared,swarm,quasi-global,tracking] [--graph exact|ring]
         [--mix-share 1.0] [--points 1] [--seed 0] [--threads 2] [--json PATH]
 
 How much of the gap between gossip at its best and all-reduce is Adam's second moment (a
@@ -23,6 +23,8 @@ AdamW: betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices.
   of the second moment of a mean of N gradients.
 - ``quasi-global``: as ``local``, with bench/quasi_global.py's AdamW at ``--mix-share``: each
   node's momentum also takes in what the mix moved its model by.
+- ``tracking``: gradient tracking: each node also mixes y_i, its running estimate of the mean
+  gradient, and its AdamW steps on y_i (under exact averaging, all-reduce itself).
 
 Printed: the eval loss of the (averaged) model at ``--points`` evenly spaced steps, the end's
 against all-reduce's, and each system's wall seconds.
@@ -43,11 +45,12 @@ import torch
 from torch import Tensor, nn
 
 from bench.quasi_global import QuasiGlobalAdamW
+from bench.tracking import Tracked, TrackingAdamW
 from node.tasks.base import Shard, Task, evaluate, load_task, parse_task_spec
 from node.tasks.schedules import decay_groups, warmup_cosine_factor
 
 TASK = "text:size=1m,seq_len=64,batch_size=8,warmup=20"
-SYSTEMS = ("all-reduce", "local", "shared", "swarm", "quasi-global")
+SYSTEMS = ("all-reduce", "local", "shared", "swarm", "quasi-global", "tracking")
 BETAS = (0.9, 0.95)
 EPS = 1e-8
 WEIGHT_DECAY = 0.1
@@ -124,16 +127,36 @@ class Averaged:
         self.update(lr)
         with torch.no_grad():
             for params in zip(*(m.parameters() for m in self.models), strict=True):
-                stacked = torch.stack(params)
-                if self.graph == "exact":
-                    mixed = stacked.mean(0, keepdim=True).expand_as(stacked)
-                else:
-                    mixed = (stacked + stacked.roll(1, 0) + stacked.roll(-1, 0)) / 3
+                mixed = _mix(torch.stack(params), self.graph)
                 for p, x in zip(params, mixed, strict=True):
                     p.copy_(x)
 
     def update(self, lr: float) -> None:
         raise NotImplementedError
+
+
+class Tracking(Averaged):
+    """``local`` with gradient tracking (bench/tracking.py): each model carries its tracker of
+    the mean gradient, which the mix mixes with it, and its AdamW steps on that."""
+
+    def __init__(self, setup: Setup) -> None:
+        super().__init__(setup)
+        tracked = [Tracked(m) for m in self.models]
+        self.models = list(tracked)
+        self._mean = Tracked(self._mean)
+        self.opts = [TrackingAdamW(m, WEIGHT_DECAY, lr=setup.lr, betas=BETAS) for m in tracked]
+
+    def update(self, lr: float) -> None:
+        for opt in self.opts:
+            set_lr(opt, lr)
+            opt.step()
+
+
+def _mix(stacked: Tensor, graph: str) -> Tensor:
+    """One mixing step over the nodes (dim 0): their mean, or a third to each ring neighbour."""
+    if graph == "exact":
+        return stacked.mean(0, keepdim=True).expand_as(stacked)
+    return (stacked + stacked.roll(1, 0) + stacked.roll(-1, 0)) / 3
 
 
 class Local(Averaged):
@@ -197,6 +220,7 @@ MAKERS: dict[str, Callable[[Setup], AllReduce | Averaged]] = {
     "shared": lambda setup: Pooled(setup, shared_denominators),
     "swarm": lambda setup: Pooled(setup, swarm_denominators),
     "quasi-global": lambda setup: Local(setup, mix_share=setup.mix_share),
+    "tracking": Tracking,
 }
 
 
