@@ -8,7 +8,9 @@ With ``--window S`` a murmur system runs S seconds from the moment every node tr
 checkpoint: start-up, which model pulls and snapshots on slow links make long and uneven, is
 left out), and a second table gives, over that window: the seconds until the averaged model
 and until the worst node reached the target (the issue-17 measure), the worst node's accuracy
-and the nodes' relative distance at its end, and the bytes each node put on its link.
+and the nodes' relative distance at the first read after it, and the bytes each node put on its
+link in it. Checkpoints are read one after the other, so the times are as fine as a read of all
+of them (a few seconds on a busy machine): a time past the window is that first read's.
 
 A murmur system is ``CODEC`` (the static exponential graph, one public copy), or ``CODEC@GRAPH``
 with a copy per link (``--pace link``): ``int8@link`` on the static exponential graph,
@@ -16,14 +18,9 @@ with a copy per link (``--pace link``): ``int8@link`` on the static exponential 
 Either may end in ``/RATE``: the nodes run with ``--max-upload-rate RATE`` (bytes a second),
 ``auto/1250000`` for half of a 20 Mbit/s link.
 
-Needs root (namespaces and tc). Each node gets namespace ``mmb-n<i>`` with an ``eth0`` on a bridge
-in the root namespace; ``scripts/shape-link`` shapes both directions of its link (the node's
-uplink inside the namespace, its downlink on the bridge side): netem where the kernel has it,
-else the rate alone through tbf, and then the delay and loss in user space (tests/impair.py's
-NFQUEUE workers, on what each node receives; iptables and the dev extra's fnfqueue). The
-table's title says which.
-Everything the bench makes is named ``mmb-*`` and removed at the end, on failure too, and before
-it starts (left over from a run that was killed).
+Needs root: the network is bench/testnet.py's (a namespace per node on one bridge, both
+directions of every link shaped; the delay and loss in user space where the kernel has no
+netem), named ``mmb-*``. The table's title says how the links were shaped.
 
 The task is the wide MLP on digits (bench/wide_task.py, about 1.1M parameters), so that a model
 on the wire takes seconds at edge rates. murmur nodes write a checkpoint every ``--poll`` seconds;
@@ -39,10 +36,8 @@ import argparse
 import asyncio
 import contextlib
 import json
-import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,144 +45,15 @@ import torch
 
 from bench.allreduce import AllReduceConfig, run_allreduce
 from bench.swarms import start_swarm
+from bench.testnet import Testnet
 from node.cli.evaluation import average_states
 from node.cli.swarm import NodeProcess, SwarmConfig
 from node.config import GossipConfig
 from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from node.tasks import Shard, load_task
 from node.tasks.base import evaluate
-from tests.impair import Impairment
 
 TASK = "bench.wide_task:make_task"
-PREFIX = "mmb"
-SUBNET = "10.77.0"
-SHAPE = str(Path(__file__).resolve().parent.parent / "scripts" / "shape-link")
-
-
-def sh(*argv: str, check: bool = True) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
-    return done.stdout.strip()
-
-
-def succeeds(*argv: str) -> bool:
-    return subprocess.run(argv, capture_output=True, check=False).returncode == 0
-
-
-@dataclass
-class Testnet:
-    """``n`` namespaces on one bridge, each link shaped."""
-
-    n: int
-    rate: str
-    delay: str
-    loss: str
-    applied: str = ""
-    #: Names of everything made start with this (another bench may use its own at once).
-    name: str = PREFIX
-    subnet: str = SUBNET
-    #: Delay and loss in user space (tests/impair.py's NFQUEUE workers, on each host's receive
-    #: side) where the kernel has no netem; None where netem applied them, or none were asked.
-    impairment: Impairment | None = field(default=None, repr=False)
-
-    def namespace(self, i: int) -> str:
-        return f"{self.name}-n{i}"
-
-    def address(self, i: int) -> str:
-        return f"{self.subnet}.{i + 1}"
-
-    def exec_argv(self, i: int) -> list[str]:
-        """What to put before a command line to run it on host ``i``."""
-        return ["ip", "netns", "exec", self.namespace(i)]
-
-    def sent_bytes(self, i: int) -> int:
-        """What node ``i`` put on the wire: its link's bytes as they arrive at the bridge."""
-        return int(Path(f"/sys/class/net/{self.name}-v{i}/statistics/rx_bytes").read_text())
-
-    def __enter__(self) -> Testnet:
-        self.clean()
-        try:
-            self._build()
-        except BaseException:
-            self.clean()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.clean()
-
-    def _build(self) -> None:
-        bridge = f"{self.name}-br"
-        sh("ip", "link", "add", bridge, "type", "bridge")
-        sh("ip", "addr", "add", f"{self.subnet}.254/24", "dev", bridge)
-        sh("ip", "link", "set", bridge, "up")
-        # A Docker engine on this host drops forwarded bridge traffic unless told otherwise.
-        if _bridge_filtered():
-            sh("iptables", "-I", "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT")
-        shaping = []
-        for i in range(self.n):
-            ns, outside, inside = self.namespace(i), f"{self.name}-v{i}", f"{self.name}-p{i}"
-            sh("ip", "netns", "add", ns)
-            sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
-            sh("ip", "link", "set", inside, "netns", ns)
-            sh(*self.exec_argv(i), "ip", "link", "set", inside, "name", "eth0")
-            sh(*self.exec_argv(i), "ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
-            sh(*self.exec_argv(i), "ip", "link", "set", "eth0", "up")
-            sh(*self.exec_argv(i), "ip", "link", "set", "lo", "up")
-            sh("ip", "link", "set", outside, "master", bridge, "up")
-            up = ["--rate", self.rate, "--delay", self.delay, "--loss", self.loss]
-            shaping.append(sh(*self.exec_argv(i), SHAPE, "eth0", *up))
-            sh(SHAPE, outside, "--rate", self.rate)  # the downlink: the rate only
-        self.applied = shaping[0]
-        delay_s, loss = _seconds(self.delay), _fraction(self.loss)
-        if self.applied.startswith("applied tbf") and (delay_s > 0 or loss > 0):
-            # No netem: tbf holds the rate, and the delay and loss go in user space, before
-            # any process opens a connection (tests/impair.py turns segmentation offload off).
-            self.impairment = Impairment(self, "nfqueue").__enter__()
-            self.impairment.set(loss, delay_s)
-            self.applied = (
-                f"applied tbf: rate {self.rate}; in user space (no netem): delay {self.delay}"
-                f" and loss {self.loss or 0} on what each host receives"
-            )
-
-    def clean(self) -> None:
-        if self.impairment is not None:
-            self.impairment.close()
-            self.impairment = None
-        for ns in sh("ip", "netns", "list", check=False).splitlines():
-            name = ns.split()[0] if ns.split() else ""
-            if name.startswith(f"{self.name}-n"):
-                sh("ip", "netns", "del", name, check=False)  # takes its veth pair along
-        bridge = f"{self.name}-br"
-        if Path(f"/sys/class/net/{bridge}").exists():
-            if _bridge_filtered():
-                rule = ["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
-                while succeeds("iptables", "-D", *rule):
-                    pass
-            sh("ip", "link", "del", bridge, check=False)
-
-
-def _seconds(delay: str) -> float:
-    """``20ms``, ``500us`` or ``0.5s`` in seconds (``0`` or empty: none)."""
-    for unit, scale in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
-        if delay.endswith(unit):
-            return float(delay[: -len(unit)]) * scale
-    if delay in ("", "0"):
-        return 0.0
-    raise ValueError(f"a delay needs its unit (20ms, 0.5s), got {delay!r}")
-
-
-def _fraction(loss: str) -> float:
-    """``1%`` or ``0.01`` as a fraction."""
-    if not loss:
-        return 0.0
-    return float(loss[:-1]) / 100 if loss.endswith("%") else float(loss)
-
-
-def _bridge_filtered() -> bool:
-    flag = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
-    return succeeds("which", "iptables") and flag.exists() and flag.read_text().strip() == "1"
 
 
 class AveragedModel:
@@ -225,6 +91,11 @@ class AveragedModel:
         centre = torch.stack(flat).mean(0)
         spread = sum(float((f - centre).pow(2).sum()) for f in flat) / len(flat)
         return accuracies[-1], min(accuracies[:-1]), spread / float(centre.pow(2).sum())
+
+
+def _close_window(window: dict[str, Any], net: Testnet) -> None:
+    wire = [net.sent_bytes(i) - b for i, b in enumerate(window["wire0"])]
+    window["wire_bytes"] = sum(wire) / net.n
 
 
 def _task() -> Any:
@@ -295,14 +166,16 @@ async def murmur_run(
                 continue
             if not window:  # every node trains: the window opens
                 window = {"t0": t, "wire0": [net.sent_bytes(i) for i in range(net.n)]}
+                # The bytes are read when the window closes, not at the next poll: on a busy
+                # machine evaluating every node's checkpoint takes seconds.
+                asyncio.get_running_loop().call_later(window_s, _close_window, window, net)
             if reached is not None and "target_s" not in window:
                 window["target_s"] = t - window["t0"]
             if worst >= target and "worst_target_s" not in window:
                 window["worst_target_s"] = t - window["t0"]
             window.update(worst=worst, distance=distance, acc=acc)
-            if t - window["t0"] >= window_s:
-                wire = [net.sent_bytes(i) - b for i, b in enumerate(window["wire0"])]
-                window["wire_bytes"] = sum(wire) / net.n
+            if "wire_bytes" in window:
+                window["last_read_s"] = t - window["t0"]
                 break
     finally:
         await asyncio.gather(*(p.stop(60) for p in procs))

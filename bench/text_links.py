@@ -5,10 +5,10 @@ codecs against all-reduce, every node in its own network namespace behind a shap
         [--limit 240] [--systems int8,sign,all-reduce] [--name tasks] [--subnet 10.78.0]
         [--task text:size=1m,seq_len=64,batch_size=8,warmup=20,eval_windows=16]
 
-Needs root. The network is bench/slow_links.py's (a bridge, a namespace per node, both
+Needs root. The network is bench/testnet.py's (a bridge, a namespace per node, both
 directions of each link shaped by ``scripts/shape-link``), with everything named ``--name``-*,
 so that it runs beside other benches' namespaces. On a kernel without netem tbf applies the
-rate and the delay goes in user space (see bench/slow_links.py); the table says which. murmur
+rate and the delay goes in user space (see bench/testnet.py); the table says which. murmur
 nodes write a checkpoint every ``--poll`` seconds; the bench evaluates every node's latest one
 and records the worst (highest) eval loss; the all-reduce workers hold one model and evaluate
 it every ``--ar-eval-every`` steps. Bytes per node: the node's own count, and the bridge side
@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from bench.allreduce import AllReduceConfig, run_allreduce
-from bench.slow_links import Testnet
 from bench.swarms import start_swarm
+from bench.testnet import Testnet
 from node.cli.swarm import NodeProcess, SwarmConfig
 from node.config import GossipConfig
 from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint

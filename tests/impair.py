@@ -46,7 +46,7 @@ from tests.netns import sh
 
 class Hosts(Protocol):
     """What impairing a network needs of it: its hosts (each with an ``eth0``), and how to
-    run a command on one (tests.netns.Testnet, and bench/slow_links.py's network)."""
+    run a command on one (tests.netns.Testnet, and bench/testnet.py's)."""
 
     n: int
 

@@ -1,4 +1,4 @@
-"""The slow-link benches' network (bench/slow_links.py) puts the delay it is asked for on every
+"""The slow-link benches' network (bench/testnet.py) puts the delay it is asked for on every
 link, whether the kernel has netem or not (then in user space): a TCP handshake between two of
 its hosts takes at least the two one-way delays."""
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bench import slow_links
+from bench import testnet
 
 pytestmark = pytest.mark.e2e  # needs root, as the e2e stage runs
 
@@ -38,7 +38,7 @@ print(json.dumps(rtts))
 
 
 def test_a_handshake_between_two_hosts_takes_both_one_way_delays() -> None:
-    with slow_links.Testnet(
+    with testnet.Testnet(
         2, "20mbit", f"{DELAY_S * 1e3:g}ms", "0", name="bln", subnet="10.79.62"
     ) as net:
         argv = [*net.exec_argv(1), sys.executable, "-c", SERVER]
@@ -47,7 +47,7 @@ def test_a_handshake_between_two_hosts_takes_both_one_way_delays() -> None:
                 assert server.stdout is not None
                 assert server.stdout.readline().strip() == "listening"
                 client = CLIENT.format(address=net.address(1))
-                rtts = json.loads(slow_links.sh(*net.exec_argv(0), sys.executable, "-c", client))
+                rtts = json.loads(testnet.sh(*net.exec_argv(0), sys.executable, "-c", client))
             finally:
                 server.kill()
         applied = net.applied
