@@ -4,10 +4,9 @@ Decentralized SGD on non-iid shards steps each node along its own shard's gradie
 then pulls the models together, but every node's optimizer only ever sees its own gradients,
 and AdamW's per-coordinate steps along eight different gradients do not average to its step
 along their mean (bench/optimizer_gap.py measures that gap under exact averaging). Gradient
-tracking (DIGing: Nedić, Olshevsky and Shi, SIAM J. Optim. 2017; with adaptive steps,
-Nazari, Tarzanagh and Michailidis 2022; with compression, Zhao et al. 2022) gives each node a
-second vector y_i that gossip mixes like the model and that each node corrects by its newest
-gradient's change:
+tracking (DIGing: Nedić, Olshevsky and Shi, SIAM J. Optim. 2017; with compressed gossip,
+BEER: Zhao et al. 2022) gives each node a second vector y_i that gossip mixes like the model
+and that each node corrects by its newest gradient's change:
 
     y_i ← y_i + g_i(t) − g_i(t−1)      (before the step; y_i starts at 0, g_i(−1) = 0)
 
