@@ -7,16 +7,17 @@ the kernel has netem, netem applies all three; where it has not, tbf keeps the r
 delay and loss go in user space (tests/impair.py's NFQUEUE workers, on what each host receives;
 iptables and the dev extra's fnfqueue). ``Testnet.applied`` says which. Everything made is named
 ``<name>-*`` and removed on exit, on failure too, and before building (left over from a run that
-was killed). Used by bench/slow_links.py and bench/text_links.py; needs root.
+was killed): the network itself is tests/netns.py's, which this adds the shaping to. Used by
+bench/slow_links.py and bench/text_links.py; needs root and iptables.
 """
 
 from __future__ import annotations
 
-import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests import netns
 from tests.impair import Impairment
+from tests.netns import sh
 
 __all__ = ["Testnet", "sh"]
 
@@ -25,81 +26,33 @@ SUBNET = "10.77.0"
 SHAPE = str(Path(__file__).resolve().parent.parent / "scripts" / "shape-link")
 
 
-def sh(*argv: str, check: bool = True) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if check and done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
-    return done.stdout.strip()
+class Testnet(netns.Testnet):
+    """``n`` namespaces on one bridge (tests/netns.py's network, named ``name``-*), each link
+    shaped once it is built."""
 
-
-def succeeds(*argv: str) -> bool:
-    return subprocess.run(argv, capture_output=True, check=False).returncode == 0
-
-
-@dataclass
-class Testnet:
-    """``n`` namespaces on one bridge, each link shaped."""
-
-    n: int
-    rate: str
-    delay: str
-    loss: str
-    applied: str = ""
-    #: Names of everything made start with this (another bench may use its own at once).
-    name: str = PREFIX
-    subnet: str = SUBNET
-    #: Delay and loss in user space (tests/impair.py's NFQUEUE workers, on each host's receive
-    #: side) where the kernel has no netem; None where netem applied them, or none were asked.
-    impairment: Impairment | None = field(default=None, repr=False)
-
-    def namespace(self, i: int) -> str:
-        return f"{self.name}-n{i}"
-
-    def address(self, i: int) -> str:
-        return f"{self.subnet}.{i + 1}"
-
-    def exec_argv(self, i: int) -> list[str]:
-        """What to put before a command line to run it on host ``i``."""
-        return ["ip", "netns", "exec", self.namespace(i)]
+    def __init__(
+        self, n: int, rate: str, delay: str, loss: str, name: str = PREFIX, subnet: str = SUBNET
+    ) -> None:
+        super().__init__(name, n, subnet)
+        self.rate, self.delay, self.loss = rate, delay, loss
+        #: How the links were shaped (scripts/shape-link's words, or the user-space delay's).
+        self.applied = ""
+        #: Delay and loss in user space (tests/impair.py's NFQUEUE workers, on each host's
+        #: receive side) where the kernel has no netem; None where netem applied them, or none
+        #: were asked.
+        self.impairment: Impairment | None = None
 
     def sent_bytes(self, i: int) -> int:
         """What node ``i`` put on the wire: its link's bytes as they arrive at the bridge."""
-        return int(Path(f"/sys/class/net/{self.name}-v{i}/statistics/rx_bytes").read_text())
-
-    def __enter__(self) -> Testnet:
-        self.clean()
-        try:
-            self._build()
-        except BaseException:
-            self.clean()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.clean()
+        return int(Path(f"/sys/class/net/{self.prefix}-v{i}/statistics/rx_bytes").read_text())
 
     def _build(self) -> None:
-        bridge = f"{self.name}-br"
-        sh("ip", "link", "add", bridge, "type", "bridge")
-        sh("ip", "addr", "add", f"{self.subnet}.254/24", "dev", bridge)
-        sh("ip", "link", "set", bridge, "up")
-        # A Docker engine on this host drops forwarded bridge traffic unless told otherwise.
-        if _bridge_filtered():
-            sh("iptables", "-I", "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT")
+        super()._build()
+        up = ["--rate", self.rate, "--delay", self.delay, "--loss", self.loss]
         shaping = []
         for i in range(self.n):
-            ns, outside, inside = self.namespace(i), f"{self.name}-v{i}", f"{self.name}-p{i}"
-            sh("ip", "netns", "add", ns)
-            sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
-            sh("ip", "link", "set", inside, "netns", ns)
-            sh(*self.exec_argv(i), "ip", "link", "set", inside, "name", "eth0")
-            sh(*self.exec_argv(i), "ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
-            sh(*self.exec_argv(i), "ip", "link", "set", "eth0", "up")
-            sh(*self.exec_argv(i), "ip", "link", "set", "lo", "up")
-            sh("ip", "link", "set", outside, "master", bridge, "up")
-            up = ["--rate", self.rate, "--delay", self.delay, "--loss", self.loss]
             shaping.append(sh(*self.exec_argv(i), SHAPE, "eth0", *up))
-            sh(SHAPE, outside, "--rate", self.rate)  # the downlink: the rate only
+            sh(SHAPE, f"{self.prefix}-v{i}", "--rate", self.rate)  # the downlink: the rate only
         self.applied = shaping[0]
         delay_s, loss = _seconds(self.delay), _fraction(self.loss)
         if self.applied.startswith("applied tbf") and (delay_s > 0 or loss > 0):
@@ -116,17 +69,7 @@ class Testnet:
         if self.impairment is not None:
             self.impairment.close()
             self.impairment = None
-        for ns in sh("ip", "netns", "list", check=False).splitlines():
-            name = ns.split()[0] if ns.split() else ""
-            if name.startswith(f"{self.name}-n"):
-                sh("ip", "netns", "del", name, check=False)  # takes its veth pair along
-        bridge = f"{self.name}-br"
-        if Path(f"/sys/class/net/{bridge}").exists():
-            if _bridge_filtered():
-                rule = ["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
-                while succeeds("iptables", "-D", *rule):
-                    pass
-            sh("ip", "link", "del", bridge, check=False)
+        super().clean()
 
 
 def _seconds(delay: str) -> float:
@@ -144,8 +87,3 @@ def _fraction(loss: str) -> float:
     if not loss:
         return 0.0
     return float(loss[:-1]) / 100 if loss.endswith("%") else float(loss)
-
-
-def _bridge_filtered() -> bool:
-    flag = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
-    return succeeds("which", "iptables") and flag.exists() and flag.read_text().strip() == "1"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Self
 
 __all__ = ["Testnet", "can_build_testnets"]
 
@@ -75,7 +76,7 @@ class Testnet:
         """What to put before a command line to run it on host ``i``."""
         return ["ip", "netns", "exec", self.namespace(i)]
 
-    def __enter__(self) -> Testnet:
+    def __enter__(self) -> Self:
         able, why = can_build_testnets()
         if not able:
             raise RuntimeError(f"a test network {why}")
