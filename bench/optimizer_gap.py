@@ -127,36 +127,16 @@ class Averaged:
         self.update(lr)
         with torch.no_grad():
             for params in zip(*(m.parameters() for m in self.models), strict=True):
-                mixed = _mix(torch.stack(params), self.graph)
+                stacked = torch.stack(params)
+                if self.graph == "exact":
+                    mixed = stacked.mean(0, keepdim=True).expand_as(stacked)
+                else:
+                    mixed = (stacked + stacked.roll(1, 0) + stacked.roll(-1, 0)) / 3
                 for p, x in zip(params, mixed, strict=True):
                     p.copy_(x)
 
     def update(self, lr: float) -> None:
         raise NotImplementedError
-
-
-class Tracking(Averaged):
-    """``local`` with gradient tracking (bench/tracking.py): each model carries its tracker of
-    the mean gradient, which the mix mixes with it, and its AdamW steps on that."""
-
-    def __init__(self, setup: Setup) -> None:
-        super().__init__(setup)
-        tracked = [Tracked(m) for m in self.models]
-        self.models = list(tracked)
-        self._mean = Tracked(self._mean)
-        self.opts = [TrackingAdamW(m, WEIGHT_DECAY, lr=setup.lr, betas=BETAS) for m in tracked]
-
-    def update(self, lr: float) -> None:
-        for opt in self.opts:
-            set_lr(opt, lr)
-            opt.step()
-
-
-def _mix(stacked: Tensor, graph: str) -> Tensor:
-    """One mixing step over the nodes (dim 0): their mean, or a third to each ring neighbour."""
-    if graph == "exact":
-        return stacked.mean(0, keepdim=True).expand_as(stacked)
-    return (stacked + stacked.roll(1, 0) + stacked.roll(-1, 0)) / 3
 
 
 class Local(Averaged):
@@ -168,6 +148,18 @@ class Local(Averaged):
         for opt in self.opts:
             set_lr(opt, lr)
             opt.step()
+
+
+class Tracking(Local):
+    """``local`` with gradient tracking (bench/tracking.py): each model carries its tracker of
+    the mean gradient, which the mix mixes with it, and its AdamW steps on that."""
+
+    def __init__(self, setup: Setup) -> None:
+        Averaged.__init__(self, setup)  # not Local's: its optimizers are torch's AdamW
+        tracked = [Tracked(m) for m in self.models]
+        self.models = list(tracked)
+        self._mean = Tracked(self._mean)
+        self.opts = [TrackingAdamW(m, WEIGHT_DECAY, lr=setup.lr, betas=BETAS) for m in tracked]
 
 
 class Pooled(Averaged):
