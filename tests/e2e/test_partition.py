@@ -44,7 +44,7 @@ CFG = SwarmConfig(
     steps=10**6,  # trains until the test stops it, so accuracy still climbs after the heal
     alpha=0.5,
     eval_every=10**6,  # the test evaluates the models it pulls instead
-    gossip=GossipConfig(codec="int8"),
+    gossip=GossipConfig(),  # the defaults a user gets (--compress auto, the trigger)
 )
 
 

@@ -69,7 +69,7 @@ CFG = SwarmConfig(
     steps=5000,  # bounded, and more than the soak's ~4 minutes at 20 steps a second
     alpha=0.5,
     eval_every=100,  # each node's Status carries its accuracy on the shared held-out set
-    gossip=GossipConfig(codec="int8"),
+    gossip=GossipConfig(),  # the defaults a user gets (--compress auto, the trigger)
     start_timeout_s=45.0,  # --wait-timeout: a restart in a split waits for its members this long
 )
 
