@@ -13,7 +13,9 @@ from gossip.codecs import AUTO_CODECS, CODECS
 from gossip.schedules import SCHEDULES
 from gossip.swim import SwimConfig
 from gossip.topology import TOPOLOGIES
+from node.cli.commands.shared import GAMMA_DEFAULTS_HELP
 from node.config import ATTACKS, GossipConfig, NodeConfig, PowerConfig, node_config
+from node.config_gossip import DEFAULT_GAMMA
 from node.daemon.trainer import TrainerConfig
 from node.settings import (
     ATTACKS as SETTINGS_ATTACKS,
@@ -193,6 +195,16 @@ def test_the_names_the_cli_lists_without_torch_are_the_cores() -> None:
     assert SCHEDULE_NAMES == SCHEDULES
     assert BRIDGE_CODEC_NAMES == AUTO_CODECS
     assert SETTINGS_ATTACKS == ATTACKS
+
+
+def test_the_gamma_help_gives_the_cores_defaults() -> None:
+    parts = GAMMA_DEFAULTS_HELP.removeprefix("by codec: ").split(", ")
+    shown = {
+        codec: float(gamma)
+        for gamma, codecs in (part.split(" ") for part in parts)
+        for codec in codecs.split("/")
+    }
+    assert shown == {c: DEFAULT_GAMMA[c] for c in ("fp32", "fp16", "int8", "int4", "sign")}
 
 
 def test_only_variables_with_the_prefix_are_read() -> None:

@@ -59,6 +59,11 @@ def _default_text(value: Any) -> str:
     return str(value)
 
 
+#: --gamma's default as its help says it: node/config_gossip.py's DEFAULT_GAMMA (that module
+#: imports the gossip core, which the light commands must not; a test keeps the two alike).
+GAMMA_DEFAULTS_HELP = "by codec: 1.0 fp32/fp16, 0.8 int8, 0.5 int4, 0.3 sign"
+
+
 def flag_help(key: str, text: str | None = None, default: str | None = None) -> str:
     """A run flag's help: the schema's description of ``key`` and its default, one way for all."""
     shown = default if default is not None else _default_text(settings.default_of(key))
@@ -146,7 +151,7 @@ def add_gossip_flags(p: argparse.ArgumentParser, suppress: bool) -> None:
         help=flag_help(
             "gossip.gamma",
             "consensus step size, in (0, 1]",
-            "by codec: 1.0 fp32/fp16, 0.8 int8, 0.5 int4, 0.1 sign",
+            GAMMA_DEFAULTS_HELP,
         ),
     )
     p.add_argument(
