@@ -26,7 +26,9 @@ def mixing_weights(
 
     A neighbour takes part once it has sent us its public copy (so it counts us as its
     neighbour too) and while it is heard from: one silent for longer than ``silence_limit_s``
-    leaves the mix (its weight stays with x_i) until it speaks again. Its weight
+    leaves the mix (its weight stays with x_i) until it speaks again, and so does one whose
+    copy was taken back from the parked ones until its stream confirms it
+    (:meth:`GossipState.set_peers`). Its weight
     1 / (1 + max(d_i, d_j)) uses the degree it last told us, so both ends of the edge weigh it
     the same even while their member views differ, and each row still sums to at most one.
 
@@ -37,7 +39,12 @@ def mixing_weights(
     for peer in neighbours:
         replica = state.replicas.get(peer)
         silent = state.silent_for(peer)
-        if replica is not None and silent is not None and silent <= silence_limit_s:
+        if (
+            replica is not None
+            and not replica.unconfirmed
+            and silent is not None
+            and silent <= silence_limit_s
+        ):
             mix[peer] = 1.0 / (1 + max(degree, replica.degree))
     return mix
 

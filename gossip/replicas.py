@@ -89,6 +89,11 @@ class Replica:
     step: int = 0
     degree: int = 0  # the sender's number of neighbours, as it last said
     codec: str = ""  # the codec of its last delta ("" before the first)
+    #: Taken back from the parked copies (:meth:`GossipState.set_peers`) and not followed by
+    #: a delta since: the sender's copy may have moved on meanwhile (rounds to its other
+    #: neighbours), so the replica stays out of the mix until the sender's stream goes on from
+    #: it (a delta in sequence) or replaces it (a snapshot).
+    unconfirmed: bool = False
 
 
 class GossipState(PublicCopy):
@@ -157,9 +162,13 @@ class GossipState(PublicCopy):
         cannot know that our view dropped it for a while (its own view may never have), so it
         sends no new snapshot: before training its link streams nothing at all, and a start
         that waits for every neighbour's copy would wait for that sender to train (issue 13's
-        start-up stall). The parked copy is still the sender's x̂: anything the sender sent
-        meanwhile was refused, which made it resync, and its snapshot replaces the copy; a
-        delta that does not follow it is a gap, repaired the same way.
+        start-up stall). Anything the sender sent meanwhile was refused, which made it resync,
+        and its snapshot replaces the copy; a delta that does not follow it is a gap, repaired
+        the same way. But a sender whose view dropped us too sent us nothing while its copy
+        moved on with its other links' rounds: a copy parked at start-up and taken back when
+        members leave is the sender's model of seconds or minutes ago. So the copy comes back
+        ``unconfirmed``, held (it counts for the start-up gate) but out of the mix until the
+        sender's next delta follows it or its snapshot replaces it.
 
         Returns:
             The peers forgotten.
@@ -174,6 +183,7 @@ class GossipState(PublicCopy):
             self.admit(peer)
             parked = self._parked.pop(peer, None)
             if parked is not None:
+                parked.unconfirmed = True
                 self.replicas[peer] = parked
         while len(self._parked) > min(MAX_PARKED, len(self._peers)):  # each is a model's size
             del self._parked[next(iter(self._parked))]
@@ -230,6 +240,7 @@ class GossipState(PublicCopy):
         replica.degree = degree
         replica.codec = payload.codec
         replica.last_heard = self.clock.now()
+        replica.unconfirmed = False
         return seq
 
     def check_snapshot(self, peer: NodeId, session: int, seq: int, numel: int) -> None:

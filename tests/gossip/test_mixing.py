@@ -80,6 +80,29 @@ def test_a_peer_taken_back_gets_its_replica_back_as_it_was() -> None:
     assert sorted(s.replicas) == ["g", "h"]
 
 
+def test_a_copy_taken_back_stays_out_of_the_mix_until_its_sender_goes_on_from_it() -> None:
+    # The sender's view dropped us too, so its copy moved on with its other links' rounds and
+    # ours is old: mixed at once, it pulled a settled swarm's models apart when members left.
+    s = state(ManualClock())
+    s.set_peers(frozenset({"a", "b"}))
+    s.receive_snapshot("a", 1, 3, torch.ones(8), degree=1)
+    s.receive_snapshot("b", 1, 1, torch.ones(8), degree=1)
+    s.set_peers(frozenset({"b"}))
+    s.set_peers(frozenset({"a", "b"}))
+    assert "a" in s.replicas  # held: it counts for the start-up gate
+    assert mixing_weights(s, ["a", "b"], degree=2, silence_limit_s=5.0) == {"b": 1 / 3}
+    delta = get_codec("fp32", 8).encode(torch.full((8,), 0.5))
+    s.receive_delta("a", 1, 4, delta)  # the sender's stream goes on from the copy: it is current
+    assert mixing_weights(s, ["a", "b"], degree=2, silence_limit_s=5.0) == {
+        "a": 1 / 3,
+        "b": 1 / 3,
+    }
+    s.set_peers(frozenset({"b"}))
+    s.set_peers(frozenset({"a", "b"}))
+    s.receive_snapshot("a", 1, 9, torch.zeros(8), degree=1)  # or replaces it
+    assert set(mixing_weights(s, ["a", "b"], degree=2, silence_limit_s=5.0)) == {"a", "b"}
+
+
 def test_the_pacer_waits_for_local_steps_and_idle_links() -> None:
     pacer = RoundPacer(local_steps=3)
     assert not pacer.due(2)
