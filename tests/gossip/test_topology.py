@@ -60,10 +60,36 @@ def test_exponential_links_powers_of_two_both_ways() -> None:
 
 
 def test_random_regular_is_regular_and_seeded() -> None:
-    g = random_regular(ids(30), 4, seed=1)
-    assert all(g.degree(i) == 4 for i in g.nodes)
-    assert random_regular(ids(30), 4, seed=1).adj == g.adj
-    assert random_regular(ids(30), 4, seed=2).adj != g.adj
+    g = random_regular(ids(30), 3, seed=1)  # odd: a pairing, exactly regular
+    assert all(g.degree(i) == 3 for i in g.nodes)
+    assert random_regular(ids(30), 3, seed=1).adj == g.adj
+    assert random_regular(ids(30), 3, seed=2).adj != g.adj
+
+
+def test_a_sparse_even_degree_is_random_cycles_nearly_regular_and_seeded() -> None:
+    for seed in range(3):
+        g = random_regular(ids(256), 4, seed=seed)
+        assert g.is_symmetric()
+        assert g.is_connected()
+        degrees = [g.degree(i) for i in g.nodes]
+        assert max(degrees) == 4
+        assert min(degrees) >= 2
+        assert sum(d < 4 for d in degrees) <= 16  # two cycles rarely share a pair at k² ≤ n
+    assert random_regular(ids(256), 4, seed=1).adj == random_regular(ids(256), 4, seed=1).adj
+    assert random_regular(ids(256), 4, seed=1).adj != random_regular(ids(256), 4, seed=2).adj
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_a_member_that_comes_or_goes_changes_few_edges_of_a_sparse_even_degree(k: int) -> None:
+    # Every member derives the graph from its view: a pairing drawn afresh kept 27 of 512
+    # edges when one member joined 256 (k = 4), and every node had to sync new neighbours.
+    members = ids(257)
+    before, after = random_regular(members[:256], k), random_regular(members, k)
+    changed = [i for i in before.nodes if before.adj[i] != after.adj[i]]
+    assert len(changed) <= k  # on each of the k/2 cycles, the joiner's two neighbours
+    assert after.degree(members[256]) >= k - 1
+    gone = random_regular(members[1:256], k)  # and one that leaves
+    assert sum(before.adj[i] != gone.adj[i] for i in gone.nodes) <= k
 
 
 def test_random_regular_refuses_impossible_degrees() -> None:
