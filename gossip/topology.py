@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 
+from gossip.regular_draws import draw_regular
 from gossip.schedules import SCHEDULES
 
 __all__ = [
@@ -119,18 +119,9 @@ def random_regular(ids: Iterable[NodeId], k: int, seed: int = 0) -> Graph:
     neighbour synced, every neighbour new (bench/RESULTS.md, "Simulated swarms: time to
     target under churn").
 
-    Otherwise (an odd k, or a dense graph) it is drawn by the pairing algorithm of Steger and
-    Wormald ("Generating random regular graphs quickly", 1999): stubs are paired at random, a
-    pair that would make a loop or a repeated edge is put back and re-paired with the other
-    leftovers, and only a draw that gets stuck starts over. The plain configuration model (reject
-    the whole pairing on the first bad pair) succeeds with probability about exp(-(k^2 - 1) / 4),
-    so it all but never draws k >= 7. A dense graph (k > (n - 1) / 2) is the complement of a
-    sparse one, which is then connected by itself. After a few unlucky draws (disconnected ones,
-    which are rare for k >= 3) a circulant graph is used, so the call always ends quickly.
-
-    The graph is written here rather than taken from a library because every node must derive
-    the very same graph: Python's ``random.Random`` with an int seed is stable across versions and
-    platforms, and so is this code; a library's algorithm may change between releases.
+    Otherwise (an odd k, or a dense graph) it is an exactly regular graph drawn by pairing
+    (gossip/regular_draws.py), or, after a few unlucky draws, a circulant graph, so the call
+    always ends quickly.
 
     Raises:
         ValueError: no connected k-regular graph on these ids exists.
@@ -143,17 +134,7 @@ def random_regular(ids: Iterable[NodeId], k: int, seed: int = 0) -> Graph:
         raise ValueError(f"no connected {k}-regular graph on {n} nodes (need k >= 2)")
     if k % 2 == 0 and (k == 2 or k * k <= n):
         return _hashed_cycles(order, k // 2, seed)
-    rng = random.Random(seed)
-    edges: set[tuple[int, int]] | None = None
-    for _ in range(_DRAWS):
-        if 2 * k > n - 1:
-            sparse = _pairing(n, n - 1 - k, rng)
-            edges = None if sparse is None else _complement(n, sparse)
-        else:
-            edges = _pairing(n, k, rng)
-        if edges is not None and _connected(n, edges):
-            break
-        edges = None
+    edges = draw_regular(n, k, seed)
     if edges is None:
         return _circulant(order, k)
     adj: dict[NodeId, set[NodeId]] = {i: set() for i in order}
@@ -161,36 +142,6 @@ def random_regular(ids: Iterable[NodeId], k: int, seed: int = 0) -> Graph:
         adj[order[a]].add(order[b])
         adj[order[b]].add(order[a])
     return Graph(order, {i: frozenset(js) for i, js in adj.items()})
-
-
-#: Draws before falling back to a circulant graph; each succeeds with a probability near 1.
-_DRAWS = 20
-
-
-def _pairing(n: int, k: int, rng: random.Random) -> set[tuple[int, int]] | None:
-    """One Steger–Wormald draw of a k-regular simple graph on 0..n-1; None when it got stuck."""
-    edges: set[tuple[int, int]] = set()
-    stubs = [i for i in range(n) for _ in range(k)]
-    while stubs:
-        rng.shuffle(stubs)
-        left: dict[int, int] = {}
-        for a, b in zip(stubs[::2], stubs[1::2], strict=True):
-            edge = (min(a, b), max(a, b))
-            if a != b and edge not in edges:
-                edges.add(edge)
-            else:
-                left[a] = left.get(a, 0) + 1
-                left[b] = left.get(b, 0) + 1
-        if left and not _can_pair(left, edges):
-            return None
-        stubs = [i for i, count in left.items() for _ in range(count)]
-    return edges
-
-
-def _can_pair(left: dict[int, int], edges: set[tuple[int, int]]) -> bool:
-    """Whether two of the nodes with stubs left can still be joined by a new edge."""
-    nodes = sorted(left)
-    return any((a, b) not in edges for i, a in enumerate(nodes) for b in nodes[i + 1 :])
 
 
 def _hashed_cycles(order: tuple[NodeId, ...], cycles: int, seed: int) -> Graph:
@@ -207,24 +158,6 @@ def _hashed_cycles(order: tuple[NodeId, ...], cycles: int, seed: int) -> Graph:
 
 def _rank(key: str) -> bytes:
     return hashlib.blake2b(key.encode(), digest_size=8).digest()
-
-
-def _complement(n: int, edges: set[tuple[int, int]]) -> set[tuple[int, int]]:
-    return {(a, b) for a in range(n) for b in range(a + 1, n) if (a, b) not in edges}
-
-
-def _connected(n: int, edges: set[tuple[int, int]]) -> bool:
-    adj: list[list[int]] = [[] for _ in range(n)]
-    for a, b in edges:
-        adj[a].append(b)
-        adj[b].append(a)
-    seen, frontier = {0}, [0]
-    while frontier:
-        for j in adj[frontier.pop()]:
-            if j not in seen:
-                seen.add(j)
-                frontier.append(j)
-    return len(seen) == n
 
 
 def _circulant(order: tuple[NodeId, ...], k: int) -> Graph:
