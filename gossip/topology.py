@@ -14,15 +14,18 @@ from dataclasses import dataclass
 
 import torch
 
+from gossip.cycles import expander_cycles, union_of_cycles
 from gossip.regular_draws import draw_regular
 from gossip.schedules import SCHEDULES
 
 __all__ = [
+    "AUTO_EXPONENTIAL_UP_TO",
     "TOPOLOGIES",
     "Graph",
     "block_region",
     "build",
     "crosses",
+    "expander",
     "exponential",
     "metropolis_hastings",
     "mixing_matrix",
@@ -30,6 +33,7 @@ __all__ = [
     "random_regular",
     "reachable_graph",
     "regional",
+    "resolved",
     "ring",
     "ring_order",
     "spectral_gap",
@@ -104,6 +108,41 @@ def powers_below(n: int) -> list[int]:
     return [1 << k for k in range((n - 1).bit_length())] if n > 1 else []
 
 
+def expander(ids: Iterable[NodeId], seed: int = 0, paused: Iterable[NodeId] = ()) -> Graph:
+    """The union of :func:`expander_cycles` (n) random cycles through the nodes
+    (gossip/cycles.py): about as many neighbours as the exponential graph, a larger spectral
+    gap from about 64 nodes on (random cycles make an expander), and a member that comes or
+    goes moves three edges of each cycle, where on the exponential graph it shifts everyone's
+    place on the ring (at 256 nodes 22 edges against 388; bench/RESULTS.md, "The expander
+    against the exponential graph").
+
+    ``paused`` members (of ``ids``) are out of the graph but keep their places, as on the
+    exponential graph (gossip/view_graph.py ``paused_out``): their edges go, and only the
+    first cycle closes the gaps they leave, so that it stays connected. A pause or a resume
+    then moves the edges at that member and one across its gap, where rebuilding the cycles
+    over the others would link its two neighbours in every cycle.
+    """
+    order = ring_order(ids)
+    held = frozenset(paused)
+    adj = union_of_cycles(order, expander_cycles(len(order)), seed, held)
+    return Graph(tuple(i for i in order if i not in held), adj)
+
+
+#: ``auto`` is the exponential graph up to this many members and :func:`expander` above. The
+#: exponential graph's gap is larger up to about 40 members (0.67 against 0.28-0.55 at 8, 0.72
+#: against 0.39-0.46 at 17); from 64 on the cycles' gap is (0.37-0.40 against 0.33 at 64, 0.45
+#: against 0.25 at 256), on fewer edges, and they move far fewer of them under churn.
+AUTO_EXPONENTIAL_UP_TO = 64
+
+
+def resolved(kind: str, n: int) -> str:
+    """The graph ``kind`` names among ``n`` members: ``auto`` is ``exponential`` up to
+    :data:`AUTO_EXPONENTIAL_UP_TO` and ``expander`` above; any other kind is itself."""
+    if kind != "auto":
+        return kind
+    return "exponential" if n <= AUTO_EXPONENTIAL_UP_TO else "expander"
+
+
 def random_regular(ids: Iterable[NodeId], k: int, seed: int = 0) -> Graph:
     """A connected random k-regular graph (nearly, for a sparse even k), the same for the same
     ids, k and seed.
@@ -133,7 +172,7 @@ def random_regular(ids: Iterable[NodeId], k: int, seed: int = 0) -> Graph:
     if k < min(2, n - 1):
         raise ValueError(f"no connected {k}-regular graph on {n} nodes (need k >= 2)")
     if k % 2 == 0 and (k == 2 or k * k <= n):
-        return _hashed_cycles(order, k // 2, seed)
+        return Graph(order, union_of_cycles(order, k // 2, seed))
     edges = draw_regular(n, k, seed)
     if edges is None:
         return _circulant(order, k)
@@ -144,22 +183,6 @@ def random_regular(ids: Iterable[NodeId], k: int, seed: int = 0) -> Graph:
     return Graph(order, {i: frozenset(js) for i, js in adj.items()})
 
 
-def _hashed_cycles(order: tuple[NodeId, ...], cycles: int, seed: int) -> Graph:
-    """The union of ``cycles`` cycles through every node, each in the order of a hash of
-    (seed, cycle, id): a member that comes or goes changes two edges of each cycle."""
-    adj: dict[NodeId, set[NodeId]] = {i: set() for i in order}
-    for c in range(cycles):
-        cycle = sorted(order, key=lambda i: _rank(f"{seed}\0{c}\0{i}"))
-        for a, b in zip(cycle, cycle[1:] + cycle[:1], strict=True):
-            adj[a].add(b)
-            adj[b].add(a)
-    return Graph(order, {i: frozenset(js) for i, js in adj.items()})
-
-
-def _rank(key: str) -> bytes:
-    return hashlib.blake2b(key.encode(), digest_size=8).digest()
-
-
 def _circulant(order: tuple[NodeId, ...], k: int) -> Graph:
     """Node i linked to i ± 1 .. i ± k/2 (and, for odd k, the opposite node): connected,
     k-regular, and no draw at all."""
@@ -168,9 +191,12 @@ def _circulant(order: tuple[NodeId, ...], k: int) -> Graph:
     return _from_offsets(order, offsets)
 
 
-#: The last two are time-varying schedules (gossip/schedules.py) over the exponential graph's
+#: ``auto`` is ``exponential`` or ``expander`` by the number of members (:func:`resolved`). The
+#: last two are time-varying schedules (gossip/schedules.py) over the exponential graph's
 #: links: each round goes to some of them.
-TOPOLOGIES = ("ring", "exponential", "random-regular", "regional", *SCHEDULES)
+TOPOLOGIES = (
+    "auto", "ring", "exponential", "expander", "random-regular", "regional", *SCHEDULES
+)  # fmt: skip
 
 
 def build(
@@ -181,7 +207,8 @@ def build(
     seed: int = 0,
     regions: Mapping[NodeId, str] | None = None,
 ) -> Graph:
-    """The graph named ``kind`` (one of :data:`TOPOLOGIES`) over ``ids``.
+    """The graph named ``kind`` (one of :data:`TOPOLOGIES`) over ``ids``; ``auto`` is the
+    exponential graph or the expander by their number (:func:`resolved`).
 
     For ``random-regular``, ``degree`` is lowered to the largest valid value when the swarm is
     too small (n - 1, or one less when n * degree would be odd), and raised to 2 (a ring, drawn at
@@ -193,6 +220,7 @@ def build(
     between each two regions (:func:`regional`); with one region it is the exponential graph.
     """
     order = ring_order(ids)
+    kind = resolved(kind, len(order))
     named = tuple((i, regions.get(i, "")) for i in order) if kind == "regional" and regions else ()
     return _build(kind, order, degree, seed, named)
 
@@ -213,6 +241,8 @@ def _build(
         return ring(order)
     if kind == "exponential" or kind in SCHEDULES:
         return exponential(order)
+    if kind == "expander":
+        return expander(order, seed)
     if kind == "random-regular":
         n = len(order)
         k = min(degree, n - 1)

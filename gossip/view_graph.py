@@ -12,8 +12,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping
 
+from gossip.cycles import expander_neighbours
 from gossip.schedules import SCHEDULES
-from gossip.topology import Graph, NodeId, build, powers_below, ring_order
+from gossip.topology import Graph, NodeId, build, expander, powers_below, resolved, ring_order
 
 __all__ = ["live_graph", "neighbours_of", "paused_out"]
 
@@ -35,13 +36,19 @@ def live_graph(
 ) -> Graph:
     """The graph ``kind`` over the ``live`` members, with the ``paused`` ones out of it.
 
-    On the ring and the exponential graph a paused member keeps its place
-    (:func:`paused_out`), so a pause or a resume moves only the edges at that member. Every
-    other kind is built over the members not paused.
+    On the ring, the exponential graph and the expander a paused member keeps its place
+    (:func:`paused_out`, :func:`gossip.topology.expander`), so a pause or a resume moves only
+    the edges at that member and one across its gap. Every other kind is built over the members
+    not paused. ``auto`` is the exponential graph or the expander by the number of live
+    members, paused or not, so that a pause never switches between the two.
     """
     held = frozenset(paused)
+    live = frozenset(live)
+    kind = resolved(kind, len(live))
     if kind in _KEEP_PLACES:
         return paused_out(build(kind, live, degree=degree, seed=seed, regions=regions), held)
+    if kind == "expander":
+        return expander(live, seed, held) if held else build(kind, live, seed=seed)
     active = [i for i in live if i not in held]
     return build(kind, active, degree=degree, seed=seed, regions=regions)
 
@@ -82,12 +89,17 @@ def neighbours_of(
     """``live_graph(kind, live, paused, ...).neighbours(node)``, without the whole graph where
     it is not needed: on the ring, the exponential graph and the schedules over it, a node's
     neighbours are the ids ``2^k`` places before and after it on the ring, found in the ring
-    order alone. Each member asks on every change to its view, and a view of a thousand
-    members changes every few milliseconds while members pause and come back, so building
-    the graph of all of them each time is what a large swarm could not afford (the graph
-    cache cannot help: views that differ by one member are different graphs).
+    order alone; on the expander, the ids next to it in each cycle's order. Each member asks
+    on every change to its view, and a view of a thousand members changes every few
+    milliseconds while members pause and come back, so building the graph of all of them each
+    time is what a large swarm could not afford (the graph cache cannot help: views that
+    differ by one member are different graphs).
     """
     held = frozenset(paused)
+    live = frozenset(live)
+    kind = resolved(kind, len(live))
+    if kind == "expander":
+        return expander_neighbours(live, node, seed, held)
     if kind not in _OFFSET_KINDS:
         return live_graph(kind, live, held, degree=degree, seed=seed, regions=regions).neighbours(
             node

@@ -58,10 +58,12 @@ PACES = ("node", "link")
 @dataclass(frozen=True)
 class GossipConfig:
     """Args:
-    topology: ring, exponential, random-regular or regional, over the ring of known node ids;
-        or a time-varying schedule over the exponential graph's links (gossip/schedules.py):
-        one-peer-exponential (each round to the links at ±2^k, k cycling) or epidemic
-        (each round to ``fanout`` links drawn afresh); both need ``pace`` link.
+    topology: auto (exponential up to 64 members, expander above: gossip/topology.py
+        ``resolved``), ring, exponential, expander, random-regular or regional, over the known
+        node ids; or a time-varying schedule over the exponential graph's links
+        (gossip/schedules.py): one-peer-exponential (each round to the links at ±2^k, k
+        cycling) or epidemic (each round to ``fanout`` links drawn afresh); both need ``pace``
+        link.
     fanout: with epidemic, the links each round goes to.
     bridge_codec: the codec of the links between regions (fp16, int8, int4 or sign), the
         others keeping ``codec``; every delta then names its codec, as under ``auto`` (whose
@@ -121,7 +123,7 @@ class GossipConfig:
         Plain mixing only (not with ``robust``).
     """
 
-    topology: str = "exponential"
+    topology: str = "auto"
     degree: int = 4
     fanout: int = ScheduleConfig.fanout
     bridge_codec: str | None = None

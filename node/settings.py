@@ -69,7 +69,8 @@ CODEC_NAMES = (
 )  # fmt: skip
 #: The graphs of ``gossip/topology.py`` (likewise checked by a test).
 TOPOLOGY_NAMES = (
-    "ring", "exponential", "random-regular", "regional", "one-peer-exponential", "epidemic"
+    "auto", "ring", "exponential", "expander", "random-regular", "regional",
+    "one-peer-exponential", "epidemic",
 )  # fmt: skip
 #: Of those, the time-varying schedules over a copy per link (``gossip/schedules.py``).
 SCHEDULE_NAMES = ("one-peer-exponential", "epidemic")

@@ -93,12 +93,20 @@ class GossipSettings(Schema):
     """``[gossip]``: :class:`node.config.GossipConfig`."""
 
     topology: Literal[
-        "ring", "exponential", "random-regular", "regional", "one-peer-exponential", "epidemic"
-    ] = Field(  # TOPOLOGY_NAMES
+        "auto",
+        "ring",
         "exponential",
-        description="the gossip graph over the members' ids (one-peer-exponential and "
-        "epidemic: a schedule over the exponential graph's links; need pace link)",
-    )  # log2(n) neighbours: mixes fast at a small degree (Assran et al. 2019)
+        "expander",
+        "random-regular",
+        "regional",
+        "one-peer-exponential",
+        "epidemic",
+    ] = Field(  # TOPOLOGY_NAMES
+        "auto",
+        description="the gossip graph over the members' ids (auto: exponential up to 64 "
+        "members, expander above; one-peer-exponential and epidemic: a schedule over the "
+        "exponential graph's links; need pace link)",
+    )  # about 2 log2(n) neighbours either way: mixes fast at a small degree
     degree: AtLeastOne = Field(
         4,
         description="neighbours per node for random-regular; bridges between each two regions "

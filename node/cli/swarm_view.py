@@ -11,6 +11,7 @@ from typing import Protocol
 from rich.console import Console
 from rich.live import Live
 
+from gossip.topology import resolved
 from node.cli.tables import Column, FittedTable
 from node.config import GossipConfig
 from node.telemetry.progress import fmt_duration, fmt_size
@@ -97,8 +98,8 @@ def progress_view(
         )
     # The time first: a narrow terminal cuts the end of the line.
     title = (
-        f"murmur swarm [{fmt_duration(elapsed)}]: {cfg.nodes} nodes, {g.topology}, {g.codec}, "
-        f"{cfg.steps} steps each"
+        f"murmur swarm [{fmt_duration(elapsed)}]: {cfg.nodes} nodes, "
+        f"{resolved(g.topology, cfg.nodes)}, {g.codec}, {cfg.steps} steps each"
     )
     return FittedTable(title, columns, rows)
 

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO
 
+from gossip.topology import resolved
 from node.cli.plots import Panel, plot_panels
 from node.sim.config import SimConfig
 from node.sim.swarm import Sample, Simulation, Summary
@@ -83,7 +84,7 @@ def run_simulation(cfg: SimConfig, out_dir: Path, progress: IO[str] | None = sys
     out_dir.mkdir(parents=True, exist_ok=True)
     g = cfg.gossip
     title = (
-        f"{cfg.nodes} nodes, {g.topology}, {g.codec}, task {cfg.task}, "
+        f"{cfg.nodes} nodes, {resolved(g.topology, cfg.nodes)}, {g.codec}, task {cfg.task}, "
         f"H={g.local_steps}, seed {cfg.seed}"
     )
     if g.robust:

@@ -8,11 +8,15 @@ import random
 import pytest
 import torch
 
+from gossip.cycles import expander_cycles
 from gossip.topology import (
+    AUTO_EXPONENTIAL_UP_TO,
     TOPOLOGIES,
+    Graph,
     block_region,
     build,
     crosses,
+    expander,
     exponential,
     metropolis_hastings,
     mixing_matrix,
@@ -90,6 +94,51 @@ def test_a_member_that_comes_or_goes_changes_few_edges_of_a_sparse_even_degree(k
     assert after.degree(members[256]) >= k - 1
     gone = random_regular(members[1:256], k)  # and one that leaves
     assert sum(before.adj[i] != gone.adj[i] for i in gone.nodes) <= k
+
+
+def edges(graph: Graph) -> set[frozenset[str]]:
+    return {frozenset((i, j)) for i in graph.nodes for j in graph.neighbours(i)}
+
+
+def test_auto_is_the_exponential_graph_up_to_its_bound_and_the_expander_above() -> None:
+    n = AUTO_EXPONENTIAL_UP_TO
+    assert build("auto", ids(n), seed=3) == exponential(ids(n))
+    assert build("auto", ids(n + 1), seed=3) == expander(ids(n + 1), seed=3)
+    assert build("auto", ids(n + 1), seed=3) != exponential(ids(n + 1))
+
+
+@pytest.mark.parametrize("n", [65, 100, 256, 1024])
+def test_the_expander_has_about_the_exponential_graphs_degree(n: int) -> None:
+    g, exp = expander(ids(n)), exponential(ids(n))
+    degrees = [g.degree(i) for i in g.nodes]
+    cycles = expander_cycles(n)
+    assert max(degrees) <= 2 * math.ceil(cycles) <= exp.degree(ids(n)[0])
+    assert sum(degrees) / n > 0.9 * 2 * cycles  # few pairs shared by two cycles
+    assert min(degrees) >= 2 * math.floor(cycles) - 4  # a node on two shared pairs
+
+
+def test_the_expander_mixes_faster_than_the_exponential_graph_from_about_64_nodes() -> None:
+    for n in (64, 100, 256):
+        faster = spectral_gap(mixing_matrix(expander(ids(n))))
+        assert faster > 1.1 * spectral_gap(mixing_matrix(exponential(ids(n))))
+    # ... and slower below that: auto keeps the exponential graph there.
+    assert spectral_gap(mixing_matrix(expander(ids(17)))) < spectral_gap(
+        mixing_matrix(exponential(ids(17)))
+    )
+
+
+@pytest.mark.parametrize("n", [200, 256, 1024])
+def test_a_member_that_comes_or_goes_moves_few_edges_of_the_expander(n: int) -> None:
+    members = ids(n + 1)
+    before = edges(expander(members[:n]))
+    bound = 3 * (math.ceil(expander_cycles(n + 1)) + 3)
+    # One edge of each cycle gives way to two at the joiner (and two at a leaver to one), and
+    # the last cycle, whose share grows with n, takes in a node or two (256 + 1 nodes: a whole
+    # cycle more, were the number of cycles whole).
+    assert len(before ^ edges(expander(members))) <= bound
+    assert len(before ^ edges(expander(members[1:n]))) <= bound
+    # The exponential graph shifts everyone's place on the ring: hundreds of edges move.
+    assert len(edges(exponential(members[:n])) ^ edges(exponential(members))) > 10 * bound
 
 
 def test_random_regular_refuses_impossible_degrees() -> None:
