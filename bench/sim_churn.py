@@ -1,10 +1,11 @@
 """Time to target under churn: N = 256, 0%, 1% and 5% of the nodes replaced per simulated minute.
 
     python -m bench.sim_churn [--nodes 256] [--rates 0 0.01 0.05] [--duration 40] [--seeds 1]
-        [--first-seed 0]
+        [--first-seed 0] [--topology random-regular] [--degree 4]
 
-Every run: the logistic task, Dirichlet(0.5) shards, int8, random 4-regular graphs (the
-exponential graph's 16 neighbours at N = 256 cost four times the simulator's time), one local
+Every run: the logistic task, Dirichlet(0.5) shards, int8, random 4-regular graphs unless
+``--topology`` says otherwise (the exponential graph's 15 neighbours at N = 256 cost four
+times the simulator's time), one local
 step per 0.25 simulated seconds and at most one round per step, links of 10-50 ms one way and
 10 Mbit/s uplinks, every node starting from the swarm's common model (as the daemon does).
 Churn replaces nodes at the given rate: half of the departures announce themselves (SWIM's
@@ -15,7 +16,9 @@ Measured: when the averaged model and the worst node first reach 80% accuracy; t
 the later samples in which the worst node is still at or above it; the worst node's accuracy
 and the relative consensus distance averaged over the second half of the run; rounds per local
 step (a crashed neighbour keeps a node's link busy until membership declares it dead, and the
-node makes no round meanwhile); gossip bytes per node.
+node makes no round meanwhile); gossip bytes per node, and how many of them were snapshots (a
+whole model, the first message of every new link: what a graph that moves many links at each
+change of the members costs).
 """
 
 from __future__ import annotations
@@ -33,7 +36,14 @@ from node.sim import ChurnConfig, NetConfig, SimConfig
 TARGET = 0.8
 
 
-def config(n: int, rate: float, duration_s: float, seed: int) -> SimConfig:
+def config(
+    n: int,
+    rate: float,
+    duration_s: float,
+    seed: int,
+    topology: str = "random-regular",
+    degree: int = 4,
+) -> SimConfig:
     return SimConfig(
         nodes=n,
         task="logistic",
@@ -43,7 +53,7 @@ def config(n: int, rate: float, duration_s: float, seed: int) -> SimConfig:
         duration_s=duration_s,
         eval_every_s=2.0,
         target_accuracy=TARGET,
-        gossip=GossipConfig(topology="random-regular", degree=4, codec="int8"),
+        gossip=GossipConfig(topology=topology, degree=degree, codec="int8"),
         net=NetConfig(latency_s=(0.01, 0.05), bandwidth_bps=1.25e6),
         churn=ChurnConfig.replacing(rate),
     )
@@ -52,8 +62,8 @@ def config(n: int, rate: float, duration_s: float, seed: int) -> SimConfig:
 HEADER = (
     "| replaced / min | seed | joins / departures | avg ≥ 0.8 s | worst ≥ 0.8 s | "
     "worst ≥ 0.8 after (share of samples) | worst acc, 2nd half | rel. distance, 2nd half | "
-    "rounds / step | MiB sent / node | wall s |\n"
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "rounds / step | MiB sent / node | snapshots / node (share of bytes) | wall s |\n"
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -71,7 +81,10 @@ def row(rate: float, seed: int, r: dict[str, Any]) -> str:
         f"{statistics.mean(s['worst_accuracy'] for s in half):.3f} | "
         f"{statistics.mean(s['relative_distance'] for s in half):.2g} | "
         f"{last['rounds_per_node'] / max(last['steps_per_node'], 1):.2f} | "
-        f"{last['bytes_per_node'] / 2**20:.2f} | {r['wall_s']:.0f} |"
+        f"{last['bytes_per_node'] / 2**20:.2f} | "
+        f"{last['snapshots_per_node']:.1f} "
+        f"({last['snapshot_bytes_per_node'] / max(last['bytes_per_node'], 1):.0%}) | "
+        f"{r['wall_s']:.0f} |"
     )
 
 
@@ -82,19 +95,26 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=40.0)
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--one", nargs=4, metavar=("N", "RATE", "DURATION", "SEED"))
+    p.add_argument("--topology", default="random-regular")
+    p.add_argument("--degree", type=int, default=4)
+    p.add_argument("--one", nargs=6, metavar=("N", "RATE", "DURATION", "SEED", "TOPOLOGY", "K"))
     p.add_argument("--out", help="also write every run's result as JSON lines here")
     args = p.parse_args()
     if args.one:
-        n, rate, duration, seed = args.one
-        print(json.dumps(run_here(config(int(n), float(rate), float(duration), int(seed)))))
+        n, rate, duration, seed, topology, degree = args.one
+        cfg = config(int(n), float(rate), float(duration), int(seed), topology, int(degree))
+        print(json.dumps(run_here(cfg)))
         return
     started = time.perf_counter()
     print(HEADER, flush=True)
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for rate in args.rates:
             r = run_child(
-                "bench.sim_churn", [str(args.nodes), str(rate), str(args.duration), str(seed)]
+                "bench.sim_churn",
+                [
+                    *(str(a) for a in (args.nodes, rate, args.duration, seed)),
+                    *(args.topology, str(args.degree)),
+                ],
             )
             print(row(rate, seed, r), flush=True)
             if args.out:

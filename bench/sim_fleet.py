@@ -3,9 +3,10 @@ paused at any moment (battery, heat, off AC), against the same swarm with neithe
 
     python -m bench.sim_fleet [--nodes 256] [--duration 60] [--budgeted 0.2]
         [--budget 200kB/min] [--paused 0.3] [--pause-mean 20] [--step-time 0.02]
+        [--topology auto] [--only fleet]
 
 The swarm is ``murmur simulate``'s default (logistic, non-iid shards with alpha 0.5, int8, the
-exponential graph, event-triggered rounds), one child process per run. Measured in each run:
+``auto`` graph, event-triggered rounds), one child process per run. Measured in each run:
 when the averaged model and the worst node that is not paused reach the target, the final
 accuracies, and what a node sends per day (the run's rate, times a day) for the budgeted
 nodes and for the others. The two runs go in two child processes at once.
@@ -43,10 +44,11 @@ def fleet_config(
     paused: float,
     mean_s: float,
     step_s: float = 0.02,
+    topology: str = "auto",
 ) -> SimConfig:
     spec = parse_budget(budget) if budget else None
     assert spec is None or isinstance(spec, tuple)
-    gossip = GossipConfig(codec="int8", byte_budget=spec)
+    gossip = GossipConfig(topology=topology, codec="int8", byte_budget=spec)
     return SimConfig(
         nodes=nodes,
         duration_s=duration_s,
@@ -106,6 +108,8 @@ def main() -> None:
     p.add_argument("--paused", type=float, default=0.3, help="share paused at any moment")
     p.add_argument("--pause-mean", type=float, default=20.0, help="mean pause, seconds")
     p.add_argument("--step-time", type=float, default=0.02, help="a device's step, seconds")
+    p.add_argument("--topology", default="auto")
+    p.add_argument("--only", choices=("neither", "fleet"), help="run only this one of the two")
     p.add_argument("--one", help=argparse.SUPPRESS)  # a child's run: the config as JSON
     args = p.parse_args()
     if args.one:
@@ -115,8 +119,11 @@ def main() -> None:
     print(HEADER, flush=True)
     plain = {"nodes": args.nodes, "duration_s": args.duration, "budgeted": 1.0, "budget": None}
     plain |= {"paused": 0.0, "mean_s": args.pause_mean, "step_s": args.step_time}
+    plain |= {"topology": args.topology}
     fleet = plain | {"budgeted": args.budgeted, "budget": args.budget, "paused": args.paused}
     runs = {"neither": plain, "fleet": fleet}
+    if args.only:
+        runs = {args.only: runs[args.only]}
     with ThreadPoolExecutor(len(runs)) as pool:
         done = {
             k: pool.submit(run_child, "bench.sim_fleet", [json.dumps(v)], 4 * 3600)

@@ -221,6 +221,8 @@ class PeerLink:
         self.stats.bytes_sent += nbytes
         self.counters.bytes_sent += nbytes
         self.counters.bytes_sent_fp32 += nbytes
+        self.counters.snapshots_sent += 1
+        self.counters.snapshot_bytes_sent += nbytes
         if self.machine.healthy:  # else the queue overflowed meanwhile: a fresher one goes
             self._stream = await self.transport.open_delta_stream(self.peer.address)
             self._reader = asyncio.create_task(self._read_acks(self._stream, epoch))

@@ -220,6 +220,8 @@ class SimLink:
             self.stats.bytes_sent += nbytes
             self.owner.counters.bytes_sent += nbytes
             self.owner.counters.bytes_sent_fp32 += nbytes
+            self.owner.counters.snapshots_sent += 1
+            self.owner.counters.snapshot_bytes_sent += nbytes
         self.machine.snapshot_answered(epoch, self.owner.sim.events.now(), named)
         self.pump()
         self.owner.check_ready()

@@ -64,6 +64,10 @@ class Sample:
     behind_nat: int = 0
     #: Nodes paused now (SimConfig.paused_fraction); the other figures leave them out.
     paused: int = 0
+    #: Snapshots sent (the first message of every new link), and their part of
+    #: ``bytes_per_node``.
+    snapshots_per_node: float = 0.0
+    snapshot_bytes_per_node: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -107,11 +111,15 @@ class Turnover:
     joined: int = 0
     departed: int = 0
     gone_bytes: int = 0
+    gone_snapshots: int = 0
+    gone_snapshot_bytes: int = 0
     gone_swim_bytes: int = 0
 
     def depart(self, node: SimNode) -> None:
         self.departed += 1
         self.gone_bytes += node.counters.bytes_sent
+        self.gone_snapshots += node.counters.snapshots_sent
+        self.gone_snapshot_bytes += node.counters.snapshot_bytes_sent
         self.gone_swim_bytes += node.swim_bytes
 
 
@@ -188,6 +196,14 @@ class Gauge:
             worst_loss=max(losses),
             mean_loss=sum(losses) / len(losses),
             bytes_per_node=(sum(n.counters.bytes_sent for n in everyone) + gone.gone_bytes) / slots,
+            snapshots_per_node=(
+                sum(n.counters.snapshots_sent for n in everyone) + gone.gone_snapshots
+            )
+            / slots,
+            snapshot_bytes_per_node=(
+                sum(n.counters.snapshot_bytes_sent for n in everyone) + gone.gone_snapshot_bytes
+            )
+            / slots,
             swim_bytes_per_node=(sum(n.swim_bytes for n in everyone) + gone.gone_swim_bytes)
             / slots,
             rounds_per_node=sum(n.counters.rounds for n in live) / max(1, len(live)),

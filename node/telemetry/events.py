@@ -32,6 +32,10 @@ class Counters:
     bytes_sent: int = 0
     #: What the same messages would have taken with fp32 payloads.
     bytes_sent_fp32: int = 0
+    #: Snapshots sent (a whole x̂ each, or its digest: the first message of every new link),
+    #: and their part of ``bytes_sent``.
+    snapshots_sent: int = 0
+    snapshot_bytes_sent: int = 0
     bytes_received: int = 0
     rounds: int = 0
     #: Rounds begun but not made: nothing worth its bytes to send (the event trigger), or no

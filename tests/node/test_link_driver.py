@@ -271,7 +271,8 @@ async def test_a_snapshot_of_the_starting_model_goes_by_name_or_whole_when_refus
         assert replica_is_public_copy(sender, receiver)
         assert link.stats.named == int(held)
         assert link.machine.may_name is held
-        assert link.stats.snapshots_sent == 1
+        assert link.stats.snapshots_sent == link.counters.snapshots_sent == 1
+        assert 0 < link.counters.snapshot_bytes_sent == link.counters.bytes_sent
         link.offer(sender.round())
         await run_until(lambda: replica_is_public_copy(sender, receiver), 5.0, "a delta")
         assert receiver.inbound.counters.rejected == {}

@@ -52,6 +52,9 @@ def test_a_small_swarm_trains_to_the_target_and_agrees() -> None:
     # bytes (two blocks of 256) per round.
     assert all(n.degree == 5 for n in sim.nodes.values())
     assert 5 * 512 < summary.bytes_per_node_per_round < 5 * 4 * 330
+    # Each link opened with one snapshot, which went by the common starting model's name.
+    assert final.snapshots_per_node == 5
+    assert 0 < final.snapshot_bytes_per_node < 5 * 4 * 330
 
 
 def test_rounds_are_paced_by_the_links_round_trips() -> None:
