@@ -129,9 +129,10 @@ def expander(ids: Iterable[NodeId], seed: int = 0, paused: Iterable[NodeId] = ()
 
 
 #: ``auto`` is the exponential graph up to this many members and :func:`expander` above. The
-#: exponential graph's gap is larger up to about 40 members (0.67 against 0.28-0.55 at 8, 0.72
-#: against 0.39-0.46 at 17); from 64 on the cycles' gap is (0.37-0.40 against 0.33 at 64, 0.45
-#: against 0.25 at 256), on fewer edges, and they move far fewer of them under churn.
+#: exponential graph's gap is larger up to about 40 members (0.67 against 0.27-0.52 at 8, 0.72
+#: against 0.27-0.37 at 17); from 64 on the expander's is (0.37-0.40 against 0.33 at 64,
+#: 0.45-0.46 against 0.25 at 256), on fewer edges, and it moves far fewer of them under churn
+#: (``python -m bench.topology_churn``).
 AUTO_EXPONENTIAL_UP_TO = 64
 
 

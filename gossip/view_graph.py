@@ -1,10 +1,11 @@
 """The graph one member's view makes: the topology over the live members, with the paused out
 of it (gossip/membership.py asks, on every change to the view).
 
-A paused member is in no one's graph. On the ring and the exponential graph it keeps its
-place (:func:`paused_out`), so that a pause or a resume moves only the edges at it; and a
-member derives only its own neighbours (:func:`neighbours_of`), from the ring's order alone
-where the graph is made of offsets on the ring.
+A paused member is in no one's graph. On the ring, the exponential graph and the expander it
+keeps its place (:func:`paused_out`, :func:`gossip.topology.expander`), so that a pause or a
+resume moves only the edges at it; and a member derives only its own neighbours
+(:func:`neighbours_of`), from the ring's order alone where the graph is made of offsets on the
+ring, and from each cycle's order on the expander.
 """
 
 from __future__ import annotations
