@@ -112,8 +112,8 @@ def main() -> None:
             r = run_child(
                 "bench.sim_churn",
                 [
-                    *(str(a) for a in (args.nodes, rate, args.duration, seed)),
-                    *(args.topology, str(args.degree)),
+                    str(a)
+                    for a in (args.nodes, rate, args.duration, seed, args.topology, args.degree)
                 ],
             )
             print(row(rate, seed, r), flush=True)

@@ -171,6 +171,11 @@ class Gauge:
         everyone = list(nodes)
         gone = self._turnover
         slots = max(1, len(everyone) + gone.departed)
+
+        def per_slot(count: Callable[[SimNode], int], departed: int) -> float:
+            """A total over every node slot: the nodes up, and what the departed counted."""
+            return (sum(count(n) for n in everyone) + departed) / slots
+
         models = {n.node_id: n.flat.flat for n in live}
         if live:
             mean = torch.stack(list(models.values())).mean(dim=0)
@@ -195,17 +200,12 @@ class Gauge:
             avg_loss=avg_loss,
             worst_loss=max(losses),
             mean_loss=sum(losses) / len(losses),
-            bytes_per_node=(sum(n.counters.bytes_sent for n in everyone) + gone.gone_bytes) / slots,
-            snapshots_per_node=(
-                sum(n.counters.snapshots_sent for n in everyone) + gone.gone_snapshots
-            )
-            / slots,
-            snapshot_bytes_per_node=(
-                sum(n.counters.snapshot_bytes_sent for n in everyone) + gone.gone_snapshot_bytes
-            )
-            / slots,
-            swim_bytes_per_node=(sum(n.swim_bytes for n in everyone) + gone.gone_swim_bytes)
-            / slots,
+            bytes_per_node=per_slot(lambda n: n.counters.bytes_sent, gone.gone_bytes),
+            snapshots_per_node=per_slot(lambda n: n.counters.snapshots_sent, gone.gone_snapshots),
+            snapshot_bytes_per_node=per_slot(
+                lambda n: n.counters.snapshot_bytes_sent, gone.gone_snapshot_bytes
+            ),
+            swim_bytes_per_node=per_slot(lambda n: n.swim_bytes, gone.gone_swim_bytes),
             rounds_per_node=sum(n.counters.rounds for n in live) / max(1, len(live)),
             steps_per_node=sum(n.step for n in live) / max(1, len(live)),
             joined=gone.joined,
