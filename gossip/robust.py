@@ -147,12 +147,12 @@ class AnomalyScore:
     large its deltas are.
 
     Each :meth:`update` takes every neighbour's change since the last update, Δ_j, and, when
-    given, its distance ||x̂_j - x̂_i|| and the clipping radius τ_i. The round's raw score is
+    given, its distance ||x̂_j - x̂_i|| and the clipping radius τ_i. The update's raw score is
 
         min(cap, max(0, ||x̂_j - x̂_i|| / τ_i - distance_slack))
-        + min(cap, max(0, ||Δ_j|| / max(median_{k≠j} ||Δ_k||, ||Δ_i||) - norm_slack))
+        + min(cap, max(0, ||Δ_j|| / max(median_{k≠j} ||Δ_k||, ||Δ_i||, usual_j) - norm_slack))
 
-    and the score moves to ``decay · score + (1 - decay) · raw``. Both references resist the
+    and the score moves to ``(1 - w) · score + w · raw``. Both references resist the
     attackers: τ_i is a distance of an honest neighbour while the Byzantine weight is at most δ
     (:func:`clip_radius`), and node i's own change Δ_i, when given, is the least reference norm:
     neighbours can raise it, never lower it. A
@@ -164,14 +164,31 @@ class AnomalyScore:
     A neighbour whose Δ is zero (nothing heard since the last update) keeps its score, raised
     only by its distance term.
 
+    **Honest nodes out of step.** Real nodes do not train in step: one starts a second after
+    its neighbours, or trains on after they have finished, and for that while its deltas are
+    ten times theirs and its replica some radii away. Two things keep that from evicting it:
+
+    - ``usual_j``, a moving average of j's own delta norms, fed only with the deltas that were
+      within ``norm_slack`` of the others' reference. A neighbour that trains on after the
+      others have stopped is judged against the deltas it sent while they all trained; one
+      that jumps is judged against its deltas before the jump; and an attacker can raise its
+      own reference to at most ``norm_slack`` times the others', never beyond.
+    - Given the time of each update, ``w`` is 1 − e^(−dt/time_constant_s), dt the time since
+      the neighbour's last update (at most ``1 - decay``): the score is a moving average over
+      seconds, not over rounds, so a few hundred milliseconds out of step do not evict, while
+      an attacker at the cap is out in under a second. Without times, ``w = 1 - decay`` a
+      update, as for rounds in lock-step.
+
     Args:
-        decay: the moving average's memory, in [0, 1).
+        decay: the moving average's memory per update without times, in [0, 1); with times,
+            1 - decay is the most one update weighs.
         threshold: a score over it evicts the neighbour.
-        norm_slack: how many times the reference median norm a delta may be without penalty.
+        norm_slack: how many times the reference norm a delta may be without penalty.
         distance_slack: how many times τ_i a replica may be away without penalty.
-        cap: the most one round's term adds; with the defaults one round moves the score
-            by at most (1 - decay) · 2 · cap = 1, so a single odd round cannot evict alone
+        cap: the most one update's term adds; with the defaults one update moves the score
+            by at most (1 - decay) · 2 · cap = 1, so a single odd update cannot evict alone
             (deltas between rounds are uneven under asynchronous gossip).
+        time_constant_s: the moving average's time constant when updates come with times.
     """
 
     def __init__(
@@ -181,12 +198,17 @@ class AnomalyScore:
         norm_slack: float = 4.0,
         distance_slack: float = 4.0,
         cap: float = 5.0,
+        time_constant_s: float = 3.0,
     ) -> None:
         if not 0 <= decay < 1:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
+        if time_constant_s <= 0:
+            raise ValueError(f"time_constant_s must be positive, got {time_constant_s}")
         self.decay, self.threshold, self.norm_slack, self.cap = decay, threshold, norm_slack, cap
-        self.distance_slack = distance_slack
+        self.distance_slack, self.time_constant_s = distance_slack, time_constant_s
         self.scores: dict[NodeId, float] = {}
+        self.usual: dict[NodeId, float] = {}  # each neighbour's ordinary delta norm
+        self._last: dict[NodeId, float] = {}  # when each neighbour's score last moved
 
     def update(
         self,
@@ -194,14 +216,16 @@ class AnomalyScore:
         distances: Mapping[NodeId, float] | None = None,
         radius: float = math.inf,
         own: torch.Tensor | None = None,
+        now: float | None = None,
     ) -> dict[NodeId, float]:
-        """Score this round's deltas; returns the scores of the neighbours that were updated.
+        """Score this update's deltas; returns the scores of the neighbours that were updated.
 
         Args:
             deltas: Δ_j per neighbour.
             distances: ||x̂_j - x̂_i|| per neighbour (None: no distance term).
             radius: τ_i, the clipping radius the distances are judged against.
             own: Δ_i, this node's own change, a reference no neighbour can forge.
+            now: the time of this update, in seconds (None: updates are rounds in lock-step).
         """
         live = {p: d.to(torch.float64) for p, d in deltas.items() if bool(d.any())}
         norms = {p: float(d.norm()) for p, d in live.items()}
@@ -214,30 +238,48 @@ class AnomalyScore:
             old = self.scores.get(peer, 0.0)
             if peer not in live:
                 if far > 0:
-                    self.scores[peer] = updated[peer] = max(
-                        old, self.decay * old + (1 - self.decay) * far
-                    )
+                    w = self._weight(peer, now)
+                    self.scores[peer] = updated[peer] = max(old, (1 - w) * old + w * far)
                 continue
             others = [norms[q] for q in live if q != peer]
             if not others and not own_norm and far == 0:
                 continue
+            w = self._weight(peer, now)
             raw = far
             if others or own_norm:
                 # Neighbours can only raise the reference above this node's own change, never
                 # lower it (a stopped attacker's deltas are zero: a median with it was tiny).
                 median = float(torch.tensor(others).median()) if others else 0.0
                 reference = max([median, *own_norm])
+                usual = self.usual.get(peer, 0.0)
+                if reference > 0 and norms[peer] <= self.norm_slack * reference:
+                    self.usual[peer] = (1 - w) * usual + w * norms[peer]
+                reference = max(reference, usual)
                 ratio = norms[peer] / reference if reference > 0 else self.cap
                 raw += min(self.cap, max(0.0, ratio - self.norm_slack))
-            score = self.decay * old + (1 - self.decay) * raw
+            score = (1 - w) * old + w * raw
             self.scores[peer] = updated[peer] = score
         return updated
+
+    def _weight(self, peer: NodeId, now: float | None) -> float:
+        """What this update of ``peer`` weighs: ``1 - decay``, or with times the share of the
+        time constant since its last update (none at the first, which only starts its clock)."""
+        most = 1 - self.decay
+        if now is None:
+            return most
+        last = self._last.get(peer)
+        self._last[peer] = now
+        if last is None:
+            return 0.0
+        return min(most, -math.expm1(-max(0.0, now - last) / self.time_constant_s))
 
     def evicted(self) -> frozenset[NodeId]:
         return frozenset(p for p, s in self.scores.items() if s > self.threshold)
 
     def forget(self, peer: NodeId) -> None:
         self.scores.pop(peer, None)
+        self.usual.pop(peer, None)
+        self._last.pop(peer, None)
 
 
 class NeighbourScores:
@@ -286,7 +328,7 @@ class NeighbourScores:
         # Uniform weights: the score judges positions, whatever weight the mix gives them.
         radius = clip_radius(distances, dict.fromkeys(distances, 1.0), self.byzantine_fraction)
         radius = max(radius, self.radius_floor * float(state.public.norm()))
-        self.anomaly.update(deltas, distances, radius, own)
+        self.anomaly.update(deltas, distances, radius, own, now=state.clock.now())
         return self.anomaly.evicted() & neighbours
 
     def forget(self, peers: frozenset[NodeId]) -> None:

@@ -30,6 +30,12 @@ def state_with(public: list[float], replicas: dict[str, list[float]]) -> GossipS
     return state
 
 
+def tick(state: GossipState, seconds: float = 0.1) -> None:
+    """Time between two rounds (ten a second, as the daemon's)."""
+    assert isinstance(state.clock, ManualClock)
+    state.clock.advance(seconds)
+
+
 def test_the_radius_is_the_largest_distance_within_one_minus_delta_of_the_weight() -> None:
     d = {"a": 1.0, "b": 2.0, "c": 3.0, "z": 100.0}
     w = dict.fromkeys(d, 0.2)
@@ -109,6 +115,7 @@ def test_two_flippers_among_five_are_evicted_for_their_distance_and_honest_pulls
         for p in "yz":  # the flippers' own training, published sign-flipped
             state.replicas[p].value = state.replicas[p].value - drift
         state.public += drift
+        tick(state)
         evicted |= scores.update(state, peers)
     assert evicted == {"y", "z"}
     assert max(scores.anomaly.scores[p] for p in "abc") < 0.5
@@ -246,10 +253,15 @@ def test_near_consensus_replicas_a_thousandth_of_the_norm_away_are_not_evicted()
         for replica in state.replicas.values():
             replica.value = replica.value + step
         state.public += step
+        tick(state)
         assert scores.update(state, peers) == frozenset()
-    # Ten norms away is still far beyond the floor.
+    # Ten norms away is still far beyond the floor: out within a second.
     state.replicas["z"].value = -9 * state.public
-    assert any("z" in scores.update(state, peers) for _ in range(5))
+    evicted = []
+    for _ in range(10):
+        tick(state)
+        evicted.append("z" in scores.update(state, peers))
+    assert any(evicted)
 
 
 def test_a_stopped_neighbour_cannot_shrink_the_reference_below_this_nodes_own_change() -> None:
@@ -270,3 +282,59 @@ def test_a_stopped_neighbour_cannot_shrink_the_reference_below_this_nodes_own_ch
     for _ in range(10):
         alone.update({"c": torch.ones(32), "z": 0.01 * torch.ones(32)})
     assert alone.evicted() == {"c"}
+
+
+def noise(g: torch.Generator, size: float) -> torch.Tensor:
+    return size * torch.randn(32, generator=g) / math.sqrt(32)
+
+
+def test_a_neighbour_that_trains_on_after_the_others_stopped_keeps_its_place() -> None:
+    """Real swarms: the nodes finish at different times, and the last one's deltas are then
+    a hundred times its finished neighbours' (and this node's own). It is judged against the
+    deltas it sent while they all trained, and is not evicted; one that jumps is."""
+    g = torch.Generator().manual_seed(10)
+    score, t = AnomalyScore(), 0.0
+    for _ in range(30):  # three seconds of all training
+        t += 0.1
+        score.update({p: noise(g, 1.0) for p in "abl"}, own=noise(g, 1.0), now=t)
+    for _ in range(30):  # three more of only l training
+        t += 0.1
+        deltas = {"a": noise(g, 0.01), "b": noise(g, 0.01), "l": noise(g, 1.0)}
+        score.update(deltas, own=noise(g, 0.01), now=t)
+    assert score.evicted() == frozenset()
+    assert score.scores["l"] < 0.1
+    for _ in range(10):  # a second of twenty times its own deltas
+        t += 0.1
+        deltas = {"a": noise(g, 0.01), "b": noise(g, 0.01), "l": noise(g, 20.0)}
+        score.update(deltas, own=noise(g, 0.01), now=t)
+    assert score.evicted() == {"l"}
+
+
+def test_a_few_hundred_milliseconds_out_of_step_do_not_evict_but_a_second_of_it_does() -> None:
+    """A node that starts training late sends deltas ten times its neighbours' until it has
+    caught up; an attacker keeps doing so. With times, the score averages over seconds."""
+    g = torch.Generator().manual_seed(11)
+    late, attacker, t = AnomalyScore(), AnomalyScore(), 0.0
+    for i in range(30):  # twenty updates a second
+        t += 0.05
+        size = 10.0 if i < 6 else 1.0  # out of step for 0.3 s
+        late.update({"a": noise(g, 1.0), "b": noise(g, 1.0), "z": noise(g, size)}, now=t)
+        attacker.update({"a": noise(g, 1.0), "b": noise(g, 1.0), "z": noise(g, 10.0)}, now=t)
+    assert late.evicted() == frozenset()
+    assert attacker.evicted() == {"z"}
+    # By rounds in lock-step, as without times, the same 0.3 s would have evicted.
+    rounds = AnomalyScore()
+    for _ in range(6):
+        rounds.update({"a": noise(g, 1.0), "b": noise(g, 1.0), "z": noise(g, 10.0)})
+    assert rounds.evicted() == {"z"}
+
+
+def test_an_attacker_raises_its_own_reference_to_at_most_the_slack_times_the_others() -> None:
+    g = torch.Generator().manual_seed(12)
+    score, t, size = AnomalyScore(), 0.0, 1.0
+    for _ in range(200):  # it grows its deltas 3% a round: never a jump
+        t += 0.1
+        size *= 1.03
+        score.update({"a": noise(g, 1.0), "b": noise(g, 1.0), "z": noise(g, size)}, now=t)
+    assert score.usual["z"] <= score.norm_slack * 1.5  # the others' deltas are about 1
+    assert score.evicted() == {"z"}
