@@ -150,24 +150,29 @@ class AnomalyScore:
     given, its distance ||x̂_j - x̂_i|| and the clipping radius τ_i. The update's raw score is
 
         min(cap, max(0, ||x̂_j - x̂_i|| / τ_i - distance_slack))
-        + min(cap, max(0, ||Δ_j|| / max(median_{k≠j} ||Δ_k||, ||Δ_i||, usual_j) - norm_slack))
+        + min(cap, max(0, |Δ_j| / max(median_{k≠j} |Δ_k|, ||Δ_i||, usual_j) - norm_slack))
 
-    and the score moves to ``(1 - w) · score + w · raw``. Both references resist the
-    attackers: τ_i is a distance of an honest neighbour while the Byzantine weight is at most δ
-    (:func:`clip_radius`), and node i's own change Δ_i, when given, is the least reference norm:
-    neighbours can raise it, never lower it. A
-    sign-flipping neighbour publishes -x, two norms of the model away while honest replicas
-    are a consensus distance apart, so the distance finds it although its deltas look honest.
+    with |Δ_j| the norm per local step Δ_j covers (below), and the score moves to
+    ``(1 - w) · score + w · raw``. Both references resist the attackers: τ_i is a distance of
+    an honest neighbour while the Byzantine weight is at most δ (:func:`clip_radius`), and node
+    i's own change Δ_i, when given, is the least reference norm: neighbours can raise it, never
+    lower it. A sign-flipping neighbour publishes -x, two norms of the model away while honest
+    replicas are a consensus distance apart, so the distance finds it although its deltas look
+    honest.
     There is no direction term: an earlier one (against the others' mean direction) evicted
     honest neighbours, whose deltas near consensus are mostly pulls toward each other and so
     point against each other, and with two flippers among five neighbours the mean was theirs.
     A neighbour whose Δ is zero (nothing heard since the last update) keeps its score, raised
     only by its distance term.
 
-    **Honest nodes out of step.** Real nodes do not train in step: one starts a second after
-    its neighbours, or trains on after they have finished, and for that while its deltas are
-    ten times theirs and its replica some radii away. Two things keep that from evicting it:
+    **Honest nodes out of step.** Real nodes do not train in step: one device is five times
+    faster than its neighbours, one starts a second after them, or trains on after they have
+    finished, and its deltas are then many times theirs and its replica some radii away. Three
+    things keep that from evicting it:
 
+    - Norms are per local step: each ||Δ_j|| is divided by the steps it covers, as j told them
+      with its deltas (``steps``). A sender that claims more steps than it made only weakens
+      the norm term against itself; the distance term does not depend on what it says.
     - ``usual_j``, a moving average of j's own delta norms, fed only with the deltas that were
       within ``norm_slack`` of the others' reference. A neighbour that trains on after the
       others have stopped is judged against the deltas it sent while they all trained; one
@@ -176,8 +181,8 @@ class AnomalyScore:
     - Given the time of each update, ``w`` is 1 − e^(−dt/time_constant_s), dt the time since
       the neighbour's last update (at most ``1 - decay``): the score is a moving average over
       seconds, not over rounds, so a few hundred milliseconds out of step do not evict, while
-      an attacker at the cap is out in under a second. Without times, ``w = 1 - decay`` a
-      update, as for rounds in lock-step.
+      an attacker at the cap is out in under a second. Without times, ``w = 1 - decay`` for
+      each update, as for rounds in lock-step.
 
     Args:
         decay: the moving average's memory per update without times, in [0, 1); with times,
@@ -217,6 +222,7 @@ class AnomalyScore:
         radius: float = math.inf,
         own: torch.Tensor | None = None,
         now: float | None = None,
+        steps: Mapping[NodeId, int] | None = None,
     ) -> dict[NodeId, float]:
         """Score this update's deltas; returns the scores of the neighbours that were updated.
 
@@ -226,9 +232,12 @@ class AnomalyScore:
             radius: τ_i, the clipping radius the distances are judged against.
             own: Δ_i, this node's own change, a reference no neighbour can forge.
             now: the time of this update, in seconds (None: updates are rounds in lock-step).
+            steps: the local steps each Δ_j covers, as its sender told them (none given: one);
+                its norm is taken per step.
         """
         live = {p: d.to(torch.float64) for p, d in deltas.items() if bool(d.any())}
-        norms = {p: float(d.norm()) for p, d in live.items()}
+        told = steps or {}
+        norms = {p: float(d.norm()) / max(1, told.get(p, 1)) for p, d in live.items()}
         own_norm = [float(own.norm())] if own is not None and bool(own.any()) else []
         updated = {}
         for peer in {*deltas, *(distances or {})}:
@@ -308,12 +317,12 @@ class NeighbourScores:
     ) -> None:
         self.anomaly = score or AnomalyScore()
         self.byzantine_fraction, self.radius_floor = byzantine_fraction, radius_floor
-        self._seen: dict[NodeId, tuple[int, torch.Tensor]] = {}  # peer: (session, replica)
+        self._seen: dict[NodeId, tuple[int, torch.Tensor, int]] = {}  # (session, replica, step)
         self._own: torch.Tensor | None = None
 
     def update(self, state: GossipState, neighbours: frozenset[NodeId]) -> frozenset[NodeId]:
         """Score the neighbours' changes since the last update; returns those evicted now."""
-        deltas, distances = {}, {}
+        deltas, distances, steps = {}, {}, {}
         for peer in neighbours:
             replica = state.replicas.get(peer)
             if replica is None:
@@ -322,13 +331,14 @@ class NeighbourScores:
             seen = self._seen.get(peer)
             if seen is not None and seen[0] == replica.session:
                 deltas[peer] = replica.value - seen[1]
-            self._seen[peer] = (replica.session, replica.value.clone())
+                steps[peer] = replica.step - seen[2]
+            self._seen[peer] = (replica.session, replica.value.clone(), replica.step)
         own = None if self._own is None else state.public - self._own
         self._own = state.public.clone()
         # Uniform weights: the score judges positions, whatever weight the mix gives them.
         radius = clip_radius(distances, dict.fromkeys(distances, 1.0), self.byzantine_fraction)
         radius = max(radius, self.radius_floor * float(state.public.norm()))
-        self.anomaly.update(deltas, distances, radius, own, now=state.clock.now())
+        self.anomaly.update(deltas, distances, radius, own, now=state.clock.now(), steps=steps)
         return self.anomaly.evicted() & neighbours
 
     def forget(self, peers: frozenset[NodeId]) -> None:

@@ -338,3 +338,23 @@ def test_an_attacker_raises_its_own_reference_to_at_most_the_slack_times_the_oth
         score.update({"a": noise(g, 1.0), "b": noise(g, 1.0), "z": noise(g, size)}, now=t)
     assert score.usual["z"] <= score.norm_slack * 1.5  # the others' deltas are about 1
     assert score.evicted() == {"z"}
+
+
+def test_a_fast_device_is_judged_per_step_not_per_delta() -> None:
+    """A device five times faster than its neighbours covers five times the steps between two
+    of their rounds, so its deltas are five times theirs, always: per step they are alike.
+    Counted per delta, it was evicted; an attacker's deltas stay large per step."""
+    g = torch.Generator().manual_seed(13)
+    per_step, per_delta, t = AnomalyScore(), AnomalyScore(), 0.0
+    for _ in range(50):
+        t += 0.1
+        deltas = {"a": noise(g, 1.0), "b": noise(g, 1.0), "f": noise(g, 6.0)}
+        per_step.update(deltas, now=t, steps={"a": 1, "b": 1, "f": 6})
+        per_delta.update(deltas, now=t)
+    assert per_step.evicted() == frozenset()
+    assert per_delta.evicted() == {"f"}
+    for _ in range(10):
+        t += 0.1
+        deltas = {"a": noise(g, 1.0), "b": noise(g, 1.0), "f": noise(g, 60.0)}
+        per_step.update(deltas, now=t, steps={"a": 1, "b": 1, "f": 1})
+    assert per_step.evicted() == {"f"}
