@@ -61,6 +61,10 @@ NodeId = str
 #: ±1e3·max|x|.
 ATTACKS = ("scale", "flip", "random", "huge", "spike")
 
+#: The most neighbours' anomaly scores a node remembers, linked now or before (a few floats
+#: each).
+REMEMBERED = 4096
+
 HUGE_FACTOR = 1e4  # far beyond any honest delta, yet finite in float32 for any sane model
 SPIKE_SHARE = 1e-3  # a sparse attack: few coordinates, so a norm over all of them hides little
 SPIKE_FACTOR = 1e3  # ... each far outside the model's range
@@ -181,8 +185,8 @@ class AnomalyScore:
     - Given the time of each update, ``w`` is 1 − e^(−dt/time_constant_s), dt the time since
       the neighbour's last update (at most ``1 - decay``): the score is a moving average over
       seconds, not over rounds, so a few hundred milliseconds out of step do not evict, while
-      an attacker at the cap is out in under a second. Without times, ``w = 1 - decay`` for
-      each update, as for rounds in lock-step.
+      an attacker is out within two seconds (0.4-1.9 s with real processes, bench/RESULTS.md).
+      Without times, ``w = 1 - decay`` for each update, as for rounds in lock-step.
 
     Args:
         decay: the moving average's memory per update without times, in [0, 1); with times,
@@ -342,9 +346,16 @@ class NeighbourScores:
         return self.anomaly.evicted() & neighbours
 
     def forget(self, peers: frozenset[NodeId]) -> None:
+        """Drop the copies kept of ``peers``' replicas (links closed), not their scores: a
+        neighbour evicted for its score is still out when the graph links it again, as it does
+        when members come and go (an attacker on a fresh score pulled at an honest node with
+        two neighbours for a second, at the end of an e2e run). At most ``REMEMBERED`` scores
+        are kept, the longest known dropped first."""
         for peer in peers:
-            self.anomaly.forget(peer)
             self._seen.pop(peer, None)
+        scores = self.anomaly.scores
+        while len(scores) > REMEMBERED:
+            self.anomaly.forget(next(iter(scores)))
 
 
 def attack_target(attack: str, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

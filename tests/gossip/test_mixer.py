@@ -188,7 +188,9 @@ def test_the_outer_step_moves_the_local_change_and_leaves_the_mix_alone() -> Non
     assert mixer.state.public.equal(x)  # and this round's delta then carries all of it
 
 
-def test_dropping_a_neighbour_drops_its_replica_and_its_decisions() -> None:
+def test_dropping_a_neighbour_drops_its_replica_and_its_decisions_but_not_its_score() -> None:
+    """The score outlives the link: an attacker the graph links again is still out
+    (tests/gossip/test_robust.py has the round that follows)."""
     mixers, _ = run_swarm(robust=True, rounds=20)
     a = mixers["a"]
     assert a.evicted == {"z"}
@@ -196,7 +198,7 @@ def test_dropping_a_neighbour_drops_its_replica_and_its_decisions() -> None:
     assert a.evicted == frozenset()
     assert set(a.state.replicas) == {"b", "c"}
     assert a.scores is not None
-    assert "z" not in a.scores.anomaly.scores
+    assert a.scores.anomaly.scores["z"] > a.scores.anomaly.threshold
 
 
 def test_config_refuses_what_cannot_mix() -> None:

@@ -358,3 +358,28 @@ def test_a_fast_device_is_judged_per_step_not_per_delta() -> None:
         deltas = {"a": noise(g, 1.0), "b": noise(g, 1.0), "f": noise(g, 60.0)}
         per_step.update(deltas, now=t, steps={"a": 1, "b": 1, "f": 1})
     assert per_step.evicted() == {"f"}
+
+
+def test_an_evicted_neighbour_linked_again_is_still_out() -> None:
+    """Members come and go, the graph moves, and an attacker's link closes and opens again: on
+    a fresh score it pulled at an honest node with two neighbours for a second before it was
+    evicted again (an e2e run's honest node ended at 0.84)."""
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(64, generator=g)
+    honest = {p: (x + 0.01 * torch.randn(64, generator=g)).tolist() for p in "ab"}
+    state = state_with(x.tolist(), {**honest, "z": (10 * x).tolist()})
+    scores = NeighbourScores()
+    peers = frozenset("abz")
+    evicted: frozenset[str] = frozenset()
+    for _ in range(30):
+        tick(state)
+        evicted = scores.update(state, peers)
+    assert evicted == {"z"}
+    scores.forget(frozenset("z"))  # the link closes; the replica goes with it
+    state.forget("z")
+    tick(state)
+    assert scores.update(state, frozenset("ab")) == frozenset()
+    state.admit("z")  # and opens again, with a new snapshot of the same 10x model
+    state.receive_snapshot("z", 2, 0, 10 * x)
+    tick(state)
+    assert scores.update(state, peers) == {"z"}  # out at the first round, not a second later
