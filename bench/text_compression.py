@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.text_compression [--nodes 8] [--steps 200]
         [--task text:size=1m,seq_len=64,batch_size=8] [--codecs fp32,int8,int4,sign]
-        [--out bench/results/text-compression]
+        [--local-steps H] [--outer-lr LR] [--topology GRAPH] [--out bench/results/text-compression]
 
 Each codec runs as ``murmur simulate`` does (node/sim: the daemon's core, every node of the
 swarm in this one process, on a discrete-event clock): ``--nodes`` nodes on the exponential
@@ -12,7 +12,9 @@ shards are non-iid by package), one simulated second a step, over links fast eno
 so that every system has seen the same samples. All-reduce (bench/allreduce.py: DDP over gloo,
 ``--nodes`` processes, same shards, same batch order, same schedule) trains the same steps.
 
-A codec may name its own consensus step size: ``--codecs sign@0.3``.
+A codec may name its own consensus step size: ``--codecs sign@0.3``. ``--local-steps H`` makes a
+round every H steps, ``--outer-lr`` adds the DiLoCo-style outer step (gossip/outer.py), and a
+schedule (``--topology one-peer-exponential``) runs with a copy per link.
 
 Reported: the eval loss of the averaged model and of the worst node at the end, and bytes sent
 per node (murmur: deltas and snapshots as the node counts them; all-reduce: ring all-reduce's
@@ -35,6 +37,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from bench.allreduce import AllReduceConfig, run_allreduce
+from gossip.schedules import SCHEDULES
 from node.config import GossipConfig
 from node.sim import NetConfig, SimConfig, Simulation
 
@@ -57,6 +60,9 @@ def gossip_run(spec: str, args: argparse.Namespace) -> dict[str, Any]:
             gamma=float(gamma) if gamma else None,
             local_steps=args.local_steps,
             topology=args.topology,
+            pace="link" if args.topology in SCHEDULES else "node",
+            outer_lr=args.outer_lr,
+            outer_momentum=args.outer_momentum,
         ),
         net=NetConfig(latency_s=(0.001, 0.005), bandwidth_bps=1.25e8),
     )
@@ -76,7 +82,9 @@ def gossip_run(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "system": f"murmur {codec}"
         + (f", γ {gamma}" if gamma else "")
-        + ("" if args.topology == "exponential" else f", {args.topology}"),
+        + ("" if args.topology == "exponential" else f", {args.topology}")
+        + ("" if args.local_steps == 1 else f", H={args.local_steps}")
+        + ("" if args.outer_lr is None else f", outer lr {args.outer_lr}"),
         "gamma": cfg.gossip.step_size,
         "avg_loss": final.avg_loss,
         "worst_loss": final.worst_loss,
@@ -159,6 +167,10 @@ def main() -> None:
     parser.add_argument("--codecs", default="fp32,int8,int4,sign")
     parser.add_argument("--local-steps", type=int, default=1)
     parser.add_argument("--topology", default="exponential")
+    parser.add_argument(
+        "--outer-lr", type=float, default=None, help="DiLoCo-style outer step (gossip/outer.py)"
+    )
+    parser.add_argument("--outer-momentum", type=float, default=0.9)
     parser.add_argument("--points", type=int, default=5, help="evaluations along the run")
     parser.add_argument("--no-allreduce", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench/results/text-compression"))
