@@ -4,7 +4,7 @@
 training (issue 19).
 
     python -m bench.sim_schedules_daemon [--nodes 16,64] [--duration 10] [--task digits]
-        [--bandwidth 1.25e6] [--fanout 2] [--plot DIR]
+        [--bandwidth 1.25e6] [--fanout 2] [--gamma G] [--plot DIR]
 
 With ``--plot DIR`` it also draws, for each swarm size, the relative distance against time and
 against the bytes a node sent (``DIR/schedules-N.png``).
@@ -106,19 +106,23 @@ def main() -> None:
     p.add_argument("--bandwidth", type=float, default=1.25e6, help="uplink bytes a second")
     p.add_argument("--fanout", type=int, default=2, help="links an epidemic round goes to")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gamma", type=float, help="consensus step of every graph (default: int8's)")
     p.add_argument("--plot", type=Path, help="draw the curves into this folder")
     args = p.parse_args()
     torch.set_num_threads(1)
+    g = args.gamma
     graphs = [
-        ("exponential, --pace node", GossipConfig(codec="int8")),
-        ("exponential, --pace link", GossipConfig(codec="int8", pace="link")),
+        ("exponential, --pace node", GossipConfig(codec="int8", gamma=g)),
+        ("exponential, --pace link", GossipConfig(codec="int8", pace="link", gamma=g)),
         (
             "one-peer-exponential",
-            GossipConfig(codec="int8", topology="one-peer-exponential", pace="link"),
+            GossipConfig(codec="int8", topology="one-peer-exponential", pace="link", gamma=g),
         ),
         (
             f"epidemic --fanout {args.fanout}",
-            GossipConfig(codec="int8", topology="epidemic", fanout=args.fanout, pace="link"),
+            GossipConfig(
+                codec="int8", topology="epidemic", fanout=args.fanout, pace="link", gamma=g
+            ),
         ),
     ]
     for nodes in (int(n) for n in args.nodes.split(",")):
