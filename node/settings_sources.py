@@ -16,59 +16,24 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 from pydantic_settings import EnvSettingsSource
 from pydantic_settings.sources.utils import parse_env_vars
 
 from node.settings import (
-    BRIDGE_CODEC_NAMES,
     ENV_NOT_SETTINGS,
     ENV_PREFIX,
     FLAG_KEYS,
-    SCHEDULE_NAMES,
     SECTIONS,
     RunSettings,
     keys,
 )
+from node.settings_checks import Origin, SettingsError, check_together, toml_repr
 
 __all__ = ["Origin", "SettingsError", "load_settings"]
-
-
-class SettingsError(ValueError):
-    """A setting was refused; the message says where, which, what it was and what was wanted."""
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where one value came from, to say so when it is refused."""
-
-    where: str  # "b.toml line 3", "the environment", "the command line"
-    label: str  # the key as the user wrote it: "wait-members", "MURMUR_STEPS", "--steps"
-    raw: Any
-    kind: Literal["file", "env", "flag"]
-
-    def show(self) -> str:
-        if self.kind == "flag":
-            return f"{self.label} {self.raw}" if self.raw is not True else self.label
-        if self.kind == "env":
-            return f"{self.label}={self.raw}"
-        return f"{self.where}: {self.label} = {_toml_repr(self.raw)}"
-
-
-def _toml_repr(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list):
-        return "[" + ", ".join(map(_toml_repr, value)) + "]"
-    if isinstance(value, dict):
-        return "{...}"
-    return str(value)
 
 
 def _names() -> dict[str, str]:
@@ -288,9 +253,9 @@ def _problem(error: Mapping[str, Any], origin: Origin | None) -> str:
     raw = origin.raw if origin else None
     if origin is not None and origin.kind == "file":
         if isinstance(raw, str) and kind.endswith("_type") and kind != "string_type":
-            text += f", not the string {_toml_repr(raw)} (write it without quotes)"
+            text += f", not the string {toml_repr(raw)} (write it without quotes)"
         elif kind.endswith("_type"):
-            text += f", not {type(raw).__name__} {_toml_repr(raw)}"
+            text += f", not {type(raw).__name__} {toml_repr(raw)}"
     return text
 
 
@@ -328,60 +293,6 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> None:
             base[key] = value
 
 
-def _check_together(s: RunSettings, origins: Mapping[str, Origin]) -> None:
-    """The checks that involve several keys, on the merged settings."""
-
-    def said(key: str) -> str:
-        origin = origins.get(key)
-        return f" ({origin.show()})" if origin else " (the default)"
-
-    if s.shard_index >= s.shard_count:
-        raise SettingsError(
-            f"shard {s.shard_index}/{s.shard_count} is out of range: need 0 <= i < n; "
-            f"shard_index {s.shard_index}{said('shard_index')}, "
-            f"shard_count {s.shard_count}{said('shard_count')}"
-        )
-    g = s.gossip
-    if g.max_local_steps is not None and g.max_local_steps < g.local_steps:
-        raise SettingsError(
-            f"max_local_steps {g.max_local_steps}{said('gossip.max_local_steps')} is below "
-            f"local_steps {g.local_steps}{said('gossip.local_steps')}: the most local steps "
-            "between two rounds cannot be fewer than the least"
-        )
-    if g.topology in SCHEDULE_NAMES and g.pace != "link":
-        raise SettingsError(
-            f"topology {g.topology}{said('gossip.topology')} sends each round to some links "
-            f"only, which needs a copy of the model per link, and pace is "
-            f"{g.pace}{said('gossip.pace')}: add --pace link"
-        )
-    bridged = g.bridge_codec is not None or g.bridge_period > 1
-    if bridged and g.pace != "link":
-        raise SettingsError(
-            f"a codec or a period of their own for the links between regions (bridge_codec "
-            f"{g.bridge_codec}{said('gossip.bridge_codec')}, bridge_period "
-            f"{g.bridge_period}{said('gossip.bridge_period')}) needs a copy of the model per "
-            f"link, and pace is {g.pace}{said('gossip.pace')}: add --pace link"
-        )
-    if g.bridge_codec is not None and g.codec not in (*BRIDGE_CODEC_NAMES, "auto"):  # auto: int8
-        raise SettingsError(
-            f"bridge_codec {g.bridge_codec}{said('gossip.bridge_codec')} with codec "
-            f"{g.codec}{said('gossip.codec')}: the links inside a region must send one of "
-            f"{', '.join(BRIDGE_CODEC_NAMES[:-1])} or {BRIDGE_CODEC_NAMES[-1]} too (the "
-            "codecs a delta may name)"
-        )
-    if s.mqtt_discovery and s.mqtt is None:
-        raise SettingsError(
-            f"MQTT discovery{said('mqtt_discovery')} needs a broker: give --mqtt URL"
-        )
-    if s.mqtt is not None:
-        from node.telemetry.mqtt_messages import MqttConfig
-
-        try:
-            MqttConfig(url=s.mqtt, swarm=s.swarm, prefix=s.mqtt_prefix)
-        except ValueError as err:
-            raise SettingsError(f"{err}{said('mqtt')}") from None
-
-
 def load_settings(
     config_file: Path | None = None,
     environ: Mapping[str, str] | None = None,
@@ -411,5 +322,5 @@ def load_settings(
         _merge(merged, _validate(RunSettings, tree, source_origins, strict))
         origins.update(source_origins)
     settings = RunSettings.model_validate(merged)
-    _check_together(settings, origins)
+    check_together(settings, origins)
     return settings
