@@ -130,6 +130,14 @@ def replica_matches_sender(receiver: Node, sender: Node) -> bool:
     )
 
 
+def refusals_past_joining(node: Node) -> dict[str, int]:
+    """What ``node`` refused, less the one refusal a swarm that assembles itself makes by design:
+    a joiner's first snapshot may reach a neighbour whose membership has not yet heard of the
+    joiner (SWIM spreads a new member within a protocol period or so), which refuses it as
+    ``unknown_sender``; the link retries a moment later (gossip/refusals.py, ``Retry.SOON``)."""
+    return {r: n for r, n in node.counters.rejected.items() if r != Reason.UNKNOWN_SENDER}
+
+
 def fixed_identity(secret: int) -> Identity:
     """The same key, and so the same node id, every time (for ids that tests name)."""
     return Identity.from_key(ec.derive_private_key(secret, ec.SECP256R1()))

@@ -22,7 +22,7 @@ from node.daemon.node import Node
 from node.sim import NetConfig, SimConfig, Simulation
 from node.telemetry.metrics import status_metrics
 from node.telemetry.status import format_status
-from tests.node.helpers import memory_swarm
+from tests.node.helpers import memory_swarm, refusals_past_joining
 
 AUTO = GossipConfig(codec="auto", pace="link")
 TIMEOUT_S = 60.0
@@ -122,4 +122,4 @@ async def test_daemons_pick_a_codec_per_link_and_show_it(tmp_path: Path) -> None
             assert {s.labels["codec"] for s in metric.samples} == picks
             assert n.trainer.last_eval is not None
             assert n.trainer.last_eval.accuracy >= 0.85
-            assert n.counters.rejected == {}
+            assert refusals_past_joining(n) == {}

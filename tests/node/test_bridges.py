@@ -22,7 +22,7 @@ from node.daemon.node import Node
 from node.settings_sources import SettingsError, load_settings
 from node.sim import NetConfig, SimConfig, Simulation
 from node.telemetry.status import format_status
-from tests.node.helpers import memory_swarm
+from tests.node.helpers import memory_swarm, refusals_past_joining
 from tests.node.test_auto_codec_node import link_replicas_exact, links_settled
 
 TIMEOUT_S = 60.0
@@ -145,5 +145,5 @@ async def test_daemons_bridge_regions_with_their_codec_and_period(tmp_path: Path
             )
             assert n.trainer.last_eval is not None
             assert n.trainer.last_eval.accuracy >= 0.85
-            assert n.counters.rejected == {}
+            assert refusals_past_joining(n) == {}
         assert bridges == 2  # one bridge, seen from both of its ends

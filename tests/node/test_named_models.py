@@ -11,7 +11,12 @@ import pytest
 from node.daemon.node import Node
 from node.transport.base import Transport
 from node.transport.memory import MemoryNetwork, MemoryTransport
-from tests.node.helpers import config, memory_swarm, replica_matches_sender
+from tests.node.helpers import (
+    config,
+    memory_swarm,
+    refusals_past_joining,
+    replica_matches_sender,
+)
 
 TIMEOUT_S = 60.0
 SETTINGS = {
@@ -47,7 +52,7 @@ async def test_nodes_that_start_from_one_model_send_it_by_name(
             for link in n.peers.links.values():
                 assert link.stats.named >= 1  # the first snapshot of every link
                 assert link.machine.may_name
-            assert n.counters.rejected == {}
+            assert refusals_past_joining(n) == {}
             assert n.trainer.last_eval is not None
             assert n.trainer.last_eval.accuracy >= 0.8
 
@@ -86,6 +91,6 @@ async def test_a_joiner_of_a_trained_swarm_pulls_the_values_and_sends_them_when_
                 assert link.stats.named == 0
                 assert link.stats.snapshots_sent >= 1
             for n in everyone:
-                assert n.counters.rejected == {}
+                assert refusals_past_joining(n) == {}
         finally:
             await late.stop(grace_s=0)

@@ -16,7 +16,12 @@ from gossip.topology import build
 from node.daemon.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from node.daemon.node import SUMMARY_FILE, JoinError, Node
 from node.transport.memory import MemoryNetwork, MemoryTransport
-from tests.node.helpers import config, memory_swarm, replica_matches_sender
+from tests.node.helpers import (
+    config,
+    memory_swarm,
+    refusals_past_joining,
+    replica_matches_sender,
+)
 
 TIMEOUT_S = 60.0
 
@@ -67,7 +72,7 @@ async def test_a_swarm_trains_to_consensus_with_replicas_bit_identical(tmp_path:
             assert n.trainer.last_eval is not None
             assert n.trainer.last_eval.accuracy >= 0.9
             assert n.counters.rounds > 20
-            assert n.counters.rejected == {}
+            assert refusals_past_joining(n) == {}
         models = {n.node_id: n.flat.flat.clone() for n in nodes}
         mean_sq_norm = sum(float(m.pow(2).sum()) for m in models.values()) / len(models)
         assert consensus_distance(models) < 1e-3 * mean_sq_norm

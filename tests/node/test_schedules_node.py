@@ -20,7 +20,7 @@ from node.config import GossipConfig
 from node.daemon.node import Node
 from node.settings_sources import SettingsError, load_settings
 from node.sim import SimConfig, Simulation
-from tests.node.helpers import memory_swarm
+from tests.node.helpers import memory_swarm, refusals_past_joining
 from tests.node.test_auto_codec_node import links_settled
 
 TIMEOUT_S = 60.0
@@ -82,7 +82,7 @@ async def test_daemons_send_each_round_to_a_few_links_and_train(kind: str, tmp_p
             assert sum(sent.values()) < len(links) * rounds
             assert n.trainer.last_eval is not None
             assert n.trainer.last_eval.accuracy >= 0.85
-            assert n.counters.rejected == {}
+            assert refusals_past_joining(n) == {}
 
 
 @pytest.mark.parametrize("kind", ["one-peer-exponential", "epidemic"])

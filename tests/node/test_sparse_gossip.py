@@ -17,7 +17,12 @@ from node.config import DEFAULT_GAMMA, GossipConfig
 from node.daemon.node import JoinError, Node
 from node.sim import NetConfig, SimConfig, Simulation
 from node.transport.memory import MemoryNetwork, MemoryTransport
-from tests.node.helpers import config, memory_swarm, replica_matches_sender
+from tests.node.helpers import (
+    config,
+    memory_swarm,
+    refusals_past_joining,
+    replica_matches_sender,
+)
 
 SPARSE = ["topk", "randk", "dct-topk"]
 TIMEOUT_S = 60.0
@@ -123,7 +128,7 @@ async def test_nodes_train_over_top_k_with_replicas_bit_identical(tmp_path: Path
             assert n.trainer.last_eval is not None
             assert n.trainer.last_eval.accuracy >= 0.85
             assert n.counters.rounds > 20
-            assert n.counters.rejected == {}
+            assert refusals_past_joining(n) == {}
 
 
 async def test_a_node_refuses_a_swarm_with_another_fraction(tmp_path: Path) -> None:
