@@ -55,12 +55,19 @@ def mix(
     gamma: float,
     weights: Mapping[NodeId, float],
     outer: OuterNesterov | None = None,
+    toward: Mapping[NodeId, float] | None = None,
 ) -> None:
     """The outer step on the local steps' change if there is one, then x += γ Σ_j w_ij (x̂_j -
-    x̂_i); in place."""
+    x̂_i), and with ``toward`` also γ Σ_k w_ik (x̂_k - x), from x as the step found it (a
+    schedule's pull toward copies that arrived on links its round did not go to); in
+    place."""
     if outer is not None:
         outer.step(x)
+    toward = toward or {}
+    base = x.clone() if toward else x
     state.consensus_step(x, gamma, weights)
+    for peer in sorted(toward):  # in the ids' order, as consensus_step sums
+        x.add_(state.replicas[peer].value.to(x.dtype) - base, alpha=gamma * toward[peer])
     if outer is not None:
         outer.rebase(x)
 

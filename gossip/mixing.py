@@ -263,25 +263,40 @@ class Mixer:
         pairs = None
         if self.cfg.schedule is not None and reason != "heartbeat":
             pairs = self.cfg.schedule.weight
-        # A schedule's round sends first and mixes, against the copy just sent, only the links
-        # it went to (Epidemic Learning averages what it received with its current model).
-        # Its links exchange one round in several, so the copies both ends hold are rounds
-        # old, and adding their difference to x (mixed by the other links since) is a
-        # delayed feedback at the schedule's weight of 1/3: measured at 64 nodes in the
+        # A schedule's round sends first and mixes the links it went to against the copy
+        # just sent. Its links exchange one round in several, so the copies both ends hold
+        # are rounds old, and adding their difference to x (mixed by the other links since)
+        # is a delayed feedback at the schedule's weight of 1/3: measured at 64 nodes in the
         # daemon's simulator, one-peer diverged. Pulling toward the neighbour's copy from
-        # where x is now is a convex step, stable whatever the delay.
+        # where x is now is a convex step, stable whatever the delay. A copy that arrived on
+        # a link this round does not go to is pulled toward the same way, at this round
+        # rather than at its link's next one (Epidemic Learning averages what it received
+        # with its current model): the neighbour's copy is then a round old, not up to a
+        # cycle of classes, and each pull toward an older copy takes back more of this
+        # node's training since (text, one-peer, int8 at γ 0.8: 2.4% lower loss).
         fresh = self.cfg.schedule is not None
         links = self._send(ready, current) if fresh else {}
-        weights = {}
+        weights: dict[NodeId, float] = {}
+        arrived: dict[NodeId, float] = {}
         for peer, w in every.items():
             replica = state.replicas[peer]
             version = (replica.session, replica.seq)
-            if peer in (links if fresh else linked) and self._mixed.get(peer) != version:
+            if self._mixed.get(peer) == version:
+                continue
+            if peer in (links if fresh else linked):
                 weights[peer] = w if pairs is None else pairs
-                self._mixed[peer] = version
+            elif fresh:
+                arrived[peer] = w if pairs is None else pairs
+            else:
+                continue
+            self._mixed[peer] = version
+        steps, toward = self._pair_steps(weights), self._pair_steps(arrived)
+        if fresh:
+            steps, toward = _convex(cfg.gamma, steps, toward)
         with guard:
-            mix(state, x, cfg.gamma, self._pair_steps(weights), self.outer)
+            mix(state, x, cfg.gamma, steps, self.outer, toward)
             after = x.clone()
+        weights.update(arrived)
         if not fresh:
             current = after
             links = self._send(ready, current)
@@ -381,3 +396,18 @@ class Mixer:
                 back.add(peer)
         self._silenced = frozenset(silenced) & neighbours
         return went, frozenset(back)
+
+
+def _convex(
+    gamma: float, steps: Mapping[NodeId, float], toward: Mapping[NodeId, float]
+) -> tuple[Mapping[NodeId, float], Mapping[NodeId, float]]:
+    """A schedule's pulls scaled so that γ Σ w stays at most one: a round that mixes more
+    copies than its own links (an epidemic node drawn by several senders at once) stays a
+    convex step, as Epidemic Learning's average of what it received is."""
+    total = gamma * (sum(steps.values()) + sum(toward.values()))
+    if total <= 1.0:
+        return steps, toward
+    return (
+        {p: w / total for p, w in steps.items()},
+        {p: w / total for p, w in toward.items()},
+    )
