@@ -38,11 +38,12 @@ test-fast: $(STAMP)
 	bash scripts/ensure-mosquitto
 	$(BIN)/pytest -m "not e2e" $(PYTEST_FLAGS)
 
-# Many real node processes; slower, so it is its own stage (CI runs it too).
+# Many real node processes; slower, so it is its own stage (CI runs it too). The ten slowest
+# are listed at the end: the stage is most of make check's time budget.
 test-e2e: $(STAMP)
 	bash scripts/ensure-mosquitto
 	bash scripts/ensure-iptables
-	$(BIN)/pytest -m e2e $(PYTEST_FLAGS)
+	$(BIN)/pytest -m e2e --durations=10 $(PYTEST_FLAGS)
 
 # The docker-compose testbed from nothing: Docker and Compose from Debian's packages, an engine
 # of its own, a base image from Debian's packages when no registry answers, the node image from
