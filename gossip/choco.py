@@ -14,7 +14,7 @@ from gossip.codecs import Encoded
 from gossip.outer import OuterNesterov
 from gossip.replicas import GossipState
 
-__all__ = ["mix", "mix_and_send", "mixing_weights"]
+__all__ = ["convex_steps", "mix", "mix_and_send", "mixing_weights"]
 
 NodeId = str
 
@@ -70,6 +70,21 @@ def mix(
         x.add_(state.replicas[peer].value.to(x.dtype) - base, alpha=gamma * toward[peer])
     if outer is not None:
         outer.rebase(x)
+
+
+def convex_steps(
+    gamma: float, steps: Mapping[NodeId, float], toward: Mapping[NodeId, float]
+) -> tuple[Mapping[NodeId, float], Mapping[NodeId, float]]:
+    """A schedule's pulls scaled so that γ Σ w stays at most one: a round that mixes more
+    copies than its own links (an epidemic node drawn by several senders at once) stays a
+    convex step, as Epidemic Learning's average of what it received is."""
+    total = gamma * (sum(steps.values()) + sum(toward.values()))
+    if total <= 1.0:
+        return steps, toward
+    return (
+        {p: w / total for p, w in steps.items()},
+        {p: w / total for p, w in toward.items()},
+    )
 
 
 def mix_and_send(

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from gossip.budget import ByteBudget
-from gossip.choco import mix, mixing_weights
+from gossip.choco import convex_steps, mix, mixing_weights
 from gossip.codecs import Codec, Encoded
 from gossip.mix_types import MixConfig, NodeId, Round
 from gossip.outer import OuterNesterov
@@ -292,7 +292,7 @@ class Mixer:
             self._mixed[peer] = version
         steps, toward = self._pair_steps(weights), self._pair_steps(arrived)
         if fresh:
-            steps, toward = _convex(cfg.gamma, steps, toward)
+            steps, toward = convex_steps(cfg.gamma, steps, toward)
         with guard:
             mix(state, x, cfg.gamma, steps, self.outer, toward)
             after = x.clone()
@@ -396,18 +396,3 @@ class Mixer:
                 back.add(peer)
         self._silenced = frozenset(silenced) & neighbours
         return went, frozenset(back)
-
-
-def _convex(
-    gamma: float, steps: Mapping[NodeId, float], toward: Mapping[NodeId, float]
-) -> tuple[Mapping[NodeId, float], Mapping[NodeId, float]]:
-    """A schedule's pulls scaled so that γ Σ w stays at most one: a round that mixes more
-    copies than its own links (an epidemic node drawn by several senders at once) stays a
-    convex step, as Epidemic Learning's average of what it received is."""
-    total = gamma * (sum(steps.values()) + sum(toward.values()))
-    if total <= 1.0:
-        return steps, toward
-    return (
-        {p: w / total for p, w in steps.items()},
-        {p: w / total for p, w in toward.items()},
-    )
