@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.optimizer_gap [--nodes 8] [--steps 100] [--lr 1e-3]
         [--task text:size=1m,seq_len=64,batch_size=8,warmup=20]
-        [--systems all-reduce,local,shared,swarm,quasi-global,tracking] [--graph exact|ring]
+        [--systems all-reduce,local,shared,swarm,quasi-global,tracking,momentum,...]
+        [--graph exact|ring]
         [--mix-share 1.0] [--points 1] [--seed 0] [--threads 2] [--json PATH]
 
 How much of the gap between gossip at its best and all-reduce is Adam's second moment (a
@@ -25,6 +26,9 @@ AdamW: betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on matrices.
   node's momentum also takes in what the mix moved its model by.
 - ``tracking``: gradient tracking: each node also mixes y_i, its running estimate of the mean
   gradient, and its AdamW steps on y_i (under exact averaging, all-reduce itself).
+- ``momentum``: as ``local``, with each node's AdamW first moment mixed as the models are
+  (``moments``: both moments; ``momentum-floored``: the denominator floored at the mixed first
+  moment, as bench/momentum.py does in the simulator).
 
 Printed: the eval loss of the (averaged) model at ``--points`` evenly spaced steps, the end's
 against all-reduce's, and each system's wall seconds.
@@ -50,7 +54,17 @@ from node.tasks.base import Shard, Task, evaluate, load_task, parse_task_spec
 from node.tasks.schedules import decay_groups, warmup_cosine_factor
 
 TASK = "text:size=1m,seq_len=64,batch_size=8,warmup=20"
-SYSTEMS = ("all-reduce", "local", "shared", "swarm", "quasi-global", "tracking")
+SYSTEMS = (
+    "all-reduce",
+    "local",
+    "shared",
+    "swarm",
+    "quasi-global",
+    "tracking",
+    "momentum",
+    "moments",
+    "momentum-floored",
+)
 BETAS = (0.9, 0.95)
 EPS = 1e-8
 WEIGHT_DECAY = 0.1
@@ -206,6 +220,38 @@ def swarm_denominators(m_hats: list[Tensor], vs: list[Tensor], c2: float) -> lis
     return dens
 
 
+def own_denominators(m_hats: list[Tensor], vs: list[Tensor], c2: float) -> list[Tensor]:
+    return [(v / c2).sqrt().add_(EPS) for v in vs]
+
+
+def floored_denominators(m_hats: list[Tensor], vs: list[Tensor], c2: float) -> list[Tensor]:
+    """Each node's own, floored at its (mixed) first moment, as bench/momentum.py does."""
+    pairs = zip(m_hats, vs, strict=True)
+    return [torch.maximum((v / c2).sqrt(), m.abs()).add_(EPS) for m, v in pairs]
+
+
+class Moments(Pooled):
+    """AdamW with each node's own denominator, whose moments (``m`` and, with ``second``,
+    ``v``) the mix mixes as it mixes the models: as if the optimizer's state were gossiped."""
+
+    def __init__(self, setup: Setup, second: bool, floor: bool = False) -> None:
+        super().__init__(setup, floored_denominators if floor else own_denominators)
+        self.second = second
+
+    def step(self, lr: float, batches: list[Batch]) -> None:
+        super().step(lr, batches)
+        with torch.no_grad():
+            for states in (self.m, self.v) if self.second else (self.m,):
+                for tensors in zip(*states, strict=True):
+                    stacked = torch.stack(tensors)
+                    if self.graph == "exact":
+                        mixed = stacked.mean(0, keepdim=True).expand_as(stacked)
+                    else:
+                        mixed = (stacked + stacked.roll(1, 0) + stacked.roll(-1, 0)) / 3
+                    for t, x in zip(tensors, mixed, strict=True):
+                        t.copy_(x)
+
+
 MAKERS: dict[str, Callable[[Setup], AllReduce | Averaged]] = {
     "all-reduce": AllReduce,
     "local": Local,
@@ -213,6 +259,9 @@ MAKERS: dict[str, Callable[[Setup], AllReduce | Averaged]] = {
     "swarm": lambda setup: Pooled(setup, swarm_denominators),
     "quasi-global": lambda setup: Local(setup, mix_share=setup.mix_share),
     "tracking": Tracking,
+    "momentum": lambda setup: Moments(setup, second=False),
+    "moments": lambda setup: Moments(setup, second=True),
+    "momentum-floored": lambda setup: Moments(setup, second=False, floor=True),
 }
 
 
