@@ -19,14 +19,12 @@ back after. ``make_task`` is the text task with both, for the simulator
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
-from bench.tracking import Tracked
+from bench.tracking import Tracked, carrying
 from node.tasks import text
 from node.tasks.base import Shard, Task
 from node.tasks.schedules import decay_groups
@@ -78,10 +76,4 @@ def make_task(
     mixed by gossip: its model wrapped in :class:`Tracked`, its optimizer
     :class:`MixedMomentumAdamW`."""
     task = text.make_task(shard, size, seq_len, batch_size, lr, warmup, split=split)
-    model = Tracked(task.model)
-
-    def make(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-        del params  # the trained ones are the inner model's; the moments are not stepped
-        return MixedMomentumAdamW(model, lr=lr, betas=(0.9, 0.95))
-
-    return dataclasses.replace(task, model=model, optimizer=make)
+    return carrying(task, lambda model: MixedMomentumAdamW(model, lr=lr, betas=(0.9, 0.95)))

@@ -100,6 +100,14 @@ def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
+def mix(stacked: Tensor, graph: str) -> Tensor:
+    """The nodes' tensors (stacked on dim 0) after the mix: their mean (``exact``), or one
+    step of gossip on a ring (``ring``: a third to itself and to each neighbour)."""
+    if graph == "exact":
+        return stacked.mean(0, keepdim=True).expand_as(stacked)
+    return (stacked + stacked.roll(1, 0) + stacked.roll(-1, 0)) / 3
+
+
 class AllReduce:
     def __init__(self, setup: Setup) -> None:
         self.model = copy.deepcopy(setup.tasks[0].model)
@@ -141,12 +149,7 @@ class Averaged:
         self.update(lr)
         with torch.no_grad():
             for params in zip(*(m.parameters() for m in self.models), strict=True):
-                stacked = torch.stack(params)
-                if self.graph == "exact":
-                    mixed = stacked.mean(0, keepdim=True).expand_as(stacked)
-                else:
-                    mixed = (stacked + stacked.roll(1, 0) + stacked.roll(-1, 0)) / 3
-                for p, x in zip(params, mixed, strict=True):
+                for p, x in zip(params, mix(torch.stack(params), self.graph), strict=True):
                     p.copy_(x)
 
     def update(self, lr: float) -> None:
@@ -243,12 +246,7 @@ class Moments(Pooled):
         with torch.no_grad():
             for states in (self.m, self.v) if self.second else (self.m,):
                 for tensors in zip(*states, strict=True):
-                    stacked = torch.stack(tensors)
-                    if self.graph == "exact":
-                        mixed = stacked.mean(0, keepdim=True).expand_as(stacked)
-                    else:
-                        mixed = (stacked + stacked.roll(1, 0) + stacked.roll(-1, 0)) / 3
-                    for t, x in zip(tensors, mixed, strict=True):
+                    for t, x in zip(tensors, mix(torch.stack(tensors), self.graph), strict=True):
                         t.copy_(x)
 
 

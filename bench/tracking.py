@@ -34,7 +34,7 @@ from node.tasks import text
 from node.tasks.base import Shard, Task
 from node.tasks.schedules import decay_groups
 
-__all__ = ["Tracked", "TrackingAdamW", "make_task"]
+__all__ = ["Tracked", "TrackingAdamW", "carrying", "make_task"]
 
 
 class Tracked(nn.Module):
@@ -96,10 +96,16 @@ def make_task(
     """The text task (these options as ``text``'s) with gradient tracking: its model wrapped in
     :class:`Tracked`, its optimizer :class:`TrackingAdamW`."""
     task = text.make_task(shard, size, seq_len, batch_size, lr, warmup, split=split)
+    return carrying(task, lambda model: TrackingAdamW(model, lr=lr, betas=(0.9, 0.95)))
+
+
+def carrying(task: Task, optimizer: Callable[[Tracked], torch.optim.Optimizer]) -> Task:
+    """``task`` with its model wrapped in :class:`Tracked` and ``optimizer`` of that wrapped
+    model as its optimizer (which steps the inner model's parameters, not the carried ones)."""
     model = Tracked(task.model)
 
     def make(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-        del params  # the trained ones are the inner model's; the trackers are not stepped
-        return TrackingAdamW(model, lr=lr, betas=(0.9, 0.95))
+        del params  # the trained ones are the inner model's; the carried ones are not stepped
+        return optimizer(model)
 
     return dataclasses.replace(task, model=model, optimizer=make)
