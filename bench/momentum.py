@@ -3,11 +3,16 @@
 Under exact averaging of the models, eight AdamWs on eight non-iid shards end 3-8% above one
 AdamW on the mean gradient (bench/optimizer_gap.py, ``local``): each node's first moment follows
 its own shard, and AdamW's per-coordinate steps along eight different momenta do not average to
-its step along their mean. Mixing the first moments as the models are mixed removes that: the
-first moment is linear in the gradients, so the mean of the nodes' moments is the moment of the
-mean gradient, and after a mix each node's is nearer that mean. The second moments stay each
-node's own (the mean of squared small-batch gradients is larger than the square of the mean
-gradient, and mixing it shrank the steps: ``moments`` in bench/optimizer_gap.py).
+its step along their mean. Mixing the first moments as the models are mixed was meant to
+remove that: the first moment is linear in the gradients, so the mean of the nodes' moments is
+the moment of the mean gradient, and after a mix each node's is nearer that mean. The second
+moments stay each node's own (the mean of squared small-batch gradients is larger than the
+square of the mean gradient, and mixing it shrank the steps: ``moments`` in
+bench/optimizer_gap.py).
+
+Measured, it does not close the gap (bench/RESULTS.md, "Mixing AdamW's first moment"): without
+the floor below, its gain in idealised gossip was a step of lr / eps on coordinates a node's
+shard never touches, and with the floor it is gone; so the node's text task keeps AdamW.
 
 Here each node's first moment lives in the model, as :class:`bench.tracking.Tracked`'s frozen
 parameter beside each trained one, so the daemon's flat vector (node/daemon/flat.py) carries it

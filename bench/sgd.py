@@ -1,8 +1,9 @@
 """The text task on SGD with Nesterov momentum instead of AdamW: the optimizer CHOCO-SGD's
 published reference trains with, under which averaging the nodes' models after a step is the
 step of their mean gradient (the step is linear in the gradient), so all that separates gossip
-from all-reduce is the consensus error. ``make_task`` is for the simulator and bench/allreduce.py
-(``--task bench.sgd:make_task:size=1m,...,lr=0.3``).
+from all-reduce is the codec and the consensus error. ``make_task`` is for the simulator and
+bench/allreduce.py (``--task bench.sgd:make_task:size=1m,...,lr=0.1``; 0.1 was all-reduce's
+best rate on the 1M model, bench/RESULTS.md "On the reference's optimizer").
 """
 
 from __future__ import annotations
