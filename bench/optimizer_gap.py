@@ -108,6 +108,12 @@ def mix(stacked: Tensor, graph: str) -> Tensor:
     return (stacked + stacked.roll(1, 0) + stacked.roll(-1, 0)) / 3
 
 
+def mix_in_place(tensors: Sequence[Tensor], graph: str) -> None:
+    """Set each node's tensor to its value after :func:`mix`."""
+    for t, x in zip(tensors, mix(torch.stack(list(tensors)), graph), strict=True):
+        t.copy_(x)
+
+
 class AllReduce:
     def __init__(self, setup: Setup) -> None:
         self.model = copy.deepcopy(setup.tasks[0].model)
@@ -149,8 +155,7 @@ class Averaged:
         self.update(lr)
         with torch.no_grad():
             for params in zip(*(m.parameters() for m in self.models), strict=True):
-                for p, x in zip(params, mix(torch.stack(params), self.graph), strict=True):
-                    p.copy_(x)
+                mix_in_place(params, self.graph)
 
     def update(self, lr: float) -> None:
         raise NotImplementedError
@@ -246,8 +251,7 @@ class Moments(Pooled):
         with torch.no_grad():
             for states in (self.m, self.v) if self.second else (self.m,):
                 for tensors in zip(*states, strict=True):
-                    for t, x in zip(tensors, mix(torch.stack(tensors), self.graph), strict=True):
-                        t.copy_(x)
+                    mix_in_place(tensors, self.graph)
 
 
 MAKERS: dict[str, Callable[[Setup], AllReduce | Averaged]] = {
