@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST_FLAGS ?=
 
 .PHONY: venv demo check lint types test test-fast test-e2e test-testbed protos bench clean \
-	testbed testbed-swarm testbed-down testbed-report testbed-wheelhouse
+	testbed testbed-swarm testbed-down testbed-report testbed-wheelhouse hivemind-env
 
 $(STAMP): pyproject.toml constraints/dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -84,5 +84,15 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.codec_throughput
 	$(BIN)/python -m bench.step_rate
 
+# hivemind, the peer system bench/slow_links.py compares with (its `hivemind` systems), in an
+# environment of its own: it pins its own dependencies. Not needed by any test.
+HIVEMIND_VENV := .venv-hivemind
+hivemind-env: $(HIVEMIND_VENV)/.installed-stamp
+$(HIVEMIND_VENV)/.installed-stamp: constraints/hivemind.txt
+	test -x $(HIVEMIND_VENV)/bin/python || $(PY) -m venv $(HIVEMIND_VENV)
+	$(HIVEMIND_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		-c constraints/hivemind.txt torch scikit-learn hivemind
+	touch $@
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(HIVEMIND_VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

@@ -18,6 +18,15 @@ with a copy per link (``--pace link``): ``int8@link`` on the static exponential 
 Either may end in ``/RATE``: the nodes run with ``--max-upload-rate RATE`` (bytes a second),
 ``auto/1250000`` for half of a 20 Mbit/s link.
 
+``hivemind`` (or ``hivemind/SAMPLES``) runs the peer system users would pick instead on the
+same task, shards and links: one hivemind peer a namespace (bench/hivemind_peer.py, local
+updates, parameters averaged in 8 bits every SAMPLES samples of the swarm, 4096 by default),
+under the Python of ``--hivemind-python`` (``make hivemind-env`` makes it). It runs for
+``--window`` seconds from the moment every peer trains. Its peers evaluate their own models
+every second: its time to target in the first table is the worst peer's, its "averaged"
+accuracy the peers' mean, its rounds its epochs (one averaging each), and the node's count of
+bytes is left empty (the interface's is there).
+
 Needs root: the network is bench/testnet.py's (a namespace per node on one bridge, both
 directions of every link shaped; the delay and loss in user space where the kernel has no
 netem), named ``mmb-*``. The table's title says how the links were shaped.
@@ -44,6 +53,8 @@ from typing import Any
 import torch
 
 from bench.allreduce import AllReduceConfig, run_allreduce
+from bench.hivemind_peer import PYTHON as HIVEMIND_PYTHON
+from bench.hivemind_peer import run_hivemind
 from bench.swarms import start_swarm
 from bench.testnet import Testnet
 from node.cli.evaluation import average_states
@@ -222,6 +233,10 @@ async def allreduce_run(
     }
 
 
+def _name(system: str) -> str:
+    return system if system.startswith("hivemind") else f"murmur {system}"
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=4)
@@ -236,6 +251,7 @@ async def main() -> None:
     parser.add_argument(
         "--window", type=float, help="seconds each murmur system runs once every node trains"
     )
+    parser.add_argument("--hivemind-python", type=Path, default=HIVEMIND_PYTHON)
     args = parser.parse_args()
     results: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
@@ -246,6 +262,17 @@ async def main() -> None:
             workdir = Path(tmp) / system
             if system == "all-reduce":
                 results[system] = await allreduce_run(net, args.target, args.limit, workdir)
+            elif system.startswith("hivemind"):
+                batch = int(system.partition("/")[2] or 4096)
+                results[system] = await run_hivemind(
+                    net,
+                    batch,
+                    args.target,
+                    args.window or args.limit,
+                    args.limit,
+                    workdir,
+                    args.hivemind_python,
+                )
             else:
                 results[system] = await murmur_run(
                     net, system, args.target, args.limit, args.poll, workdir, args.window
@@ -268,7 +295,7 @@ async def main() -> None:
         reached = r["reached_s"]
         when = f"{reached:.0f}" if reached is not None else f"not in {args.limit:.0f}"
         ratio = f"{reached / base:.2f}" if reached is not None and base else "-"
-        name = "all-reduce (fp32 gradients)" if system == "all-reduce" else f"murmur {system}"
+        name = "all-reduce (fp32 gradients)" if system == "all-reduce" else _name(system)
         print(
             f"| {name} | {when} | {ratio} | {r['steps']:.0f} | {r['rounds']:.0f} | "
             f"{r['node_bytes'] / 1e6:.1f} | {r['wire_bytes'] / 1e6:.1f} | {r['accuracy']:.3f} |"
@@ -287,7 +314,7 @@ async def main() -> None:
                 f"{w[key]:.0f}" if key in w else "-" for key in ("target_s", "worst_target_s")
             )
             print(
-                f"| murmur {system} | {when} | {w['acc']:.3f} / {w['worst']:.3f} | "
+                f"| {_name(system)} | {when} | {w['acc']:.3f} / {w['worst']:.3f} | "
                 f"{w['distance']:.2g} | {w['wire_bytes'] / 1e6:.1f} |"
             )
     if args.json:
