@@ -24,6 +24,8 @@ spent its tokens all the same.
 
 from __future__ import annotations
 
+from gossip.budget import BudgetConfig
+
 __all__ = [
     "BUDGET_CHARGE",
     "BURST_S",
@@ -31,6 +33,7 @@ __all__ = [
     "MIN_UPLOAD_RATE",
     "WIRE_OVERHEAD",
     "UploadCap",
+    "bound_rate",
 ]
 
 #: Of the cap, kept for membership (SWIM's pings, acks and gossip of records).
@@ -53,6 +56,21 @@ MIN_UPLOAD_RATE = 16_000
 BURST_S = 0.25
 
 
+def _models_share(cap: float) -> float:
+    """What of an upload cap (bytes a second on the interface) is for models, in message bytes
+    a second: the cap less membership's share and the wire's overhead."""
+    return cap * (1 - MEMBERSHIP_SHARE) / WIRE_OVERHEAD
+
+
+def bound_rate(cap: float | None, budget: BudgetConfig | None) -> float | None:
+    """Bytes of model message a second that an upload ``cap`` (bytes a second on the interface)
+    and a byte ``budget`` let a node send on average, the lower of the two; None with neither."""
+    rates = [] if cap is None else [_models_share(cap)]
+    if budget is not None:
+        rates.append(budget.nbytes / budget.period_s / BUDGET_CHARGE)
+    return min(rates, default=None)
+
+
 class UploadCap:
     """Args:
     rate: the cap, bytes per second on the interface, all links together.
@@ -67,7 +85,7 @@ class UploadCap:
             )
         self.rate = rate
         #: The models' share of the cap, in message bytes per second.
-        self.model_rate = rate * (1 - MEMBERSHIP_SHARE) / WIRE_OVERHEAD
+        self.model_rate = _models_share(rate)
         self.capacity = self.model_rate * BURST_S
         #: The largest piece of a long message (a model served) to take at a time.
         self.chunk_bytes = int(self.capacity)

@@ -11,12 +11,14 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from gossip.budget import ByteBudget
-from gossip.codec_choice import LinkCodecs, phase_of
+from gossip.codec_choice import phase_of
 from gossip.codecs import AutoCodec
 from gossip.link import round_pace
+from gossip.link_codecs import LinkCodecs
 from gossip.membership import MemberView
 from gossip.messages import PROTOCOL_VERSION, Delta, Hello, Member, TaskFingerprint
 from gossip.swim import MemberRecord, Swim, SwimConfig
+from gossip.upload_cap import bound_rate
 from node.config import GossipConfig
 from node.daemon.dialout import DialOut
 from node.daemon.gossiper import Gossiper
@@ -142,8 +144,12 @@ class Peers:
         self._on_view_change = on_view_change
         self._on_links_change = on_links_change
         self._topology_lock = asyncio.Lock()
-        #: Under ``--compress auto``, each link's codec from its meter (None: one codec).
-        self.codecs = LinkCodecs(gossiper.numel) if cfg.codec == AutoCodec.name else None
+        #: Under ``--compress auto``, each link's codec from its meter (None: one codec),
+        #: scored no faster than the cap and the budget let the node send.
+        bound = bound_rate(cfg.max_upload_rate, budget.cfg if budget is not None else None)
+        self.codecs = (
+            LinkCodecs(gossiper.numel, model_rate=bound) if cfg.codec == AutoCodec.name else None
+        )
         #: The node's seconds of local steps between two rounds (the trainer's, once it runs).
         self.compute_s: Callable[[], float] = lambda: 0.0
         #: Whether the node's training is over (``auto`` then scores codecs for settling the

@@ -25,10 +25,10 @@ import random
 import torch
 
 from gossip.budget import ByteBudget
-from gossip.codec_choice import LinkCodecs
 from gossip.codecs import AutoCodec
 from gossip.digest import model_digest
 from gossip.link import LinkConfig
+from gossip.link_codecs import LinkCodecs
 from gossip.membership import MemberView
 from gossip.messages import Delta, Member, SnapshotHeader
 from gossip.mixing import MixConfig, Mixer
@@ -36,7 +36,7 @@ from gossip.outer import OuterNesterov
 from gossip.refusals import Reason
 from gossip.replicas import GossipState, UpdateGuard
 from gossip.swim import Swim, SwimMessage
-from gossip.upload_cap import BUDGET_CHARGE, UploadCap
+from gossip.upload_cap import BUDGET_CHARGE, UploadCap, bound_rate
 from node.daemon.flat import FlatParams
 from node.daemon.inbound import Inbound
 from node.daemon.neighbourhood import Neighbourhood
@@ -120,14 +120,16 @@ class SimNode:
             g.link_gamma,
             g.schedule_config,
         )
+        budget_cfg = g.budget_config if budgeted else None
         #: Under ``--compress auto``, each link's codec from its meter, as the daemon's.
-        self.codecs = LinkCodecs(self.state.numel) if g.codec == AutoCodec.name else None
-        budget_cfg = g.budget_config
+        self.codecs = (
+            LinkCodecs(self.state.numel, model_rate=bound_rate(g.max_upload_rate, budget_cfg))
+            if g.codec == AutoCodec.name
+            else None
+        )
         #: The byte budget (gossip/budget.py) on the simulation's clock; its links spend it.
         self.budget = (
-            ByteBudget(budget_cfg, sim.clock, BUDGET_CHARGE)
-            if budget_cfg is not None and budgeted
-            else None
+            ByteBudget(budget_cfg, sim.clock, BUDGET_CHARGE) if budget_cfg is not None else None
         )
         #: The digest of the model the node started from: a snapshot of it goes by name, as
         #: the daemon's (node/daemon/gossiper.py).

@@ -14,8 +14,9 @@ from typing import Protocol
 
 import torch
 
-from gossip.codec_choice import LinkCodecs, phase_of
+from gossip.codec_choice import phase_of
 from gossip.link import round_pace
+from gossip.link_codecs import LinkCodecs
 from gossip.messages import Delta
 from gossip.mixing import Mixer
 from gossip.pacing import RoundPacer

@@ -2,7 +2,7 @@
 
 The pieces the daemon and the simulator share: the link's meter (gossip/link_meter.py), which
 times each codec's deltas from their answers alone; the choice kept per link, which measures
-before it believes and probes what it has not measured (gossip/codec_choice.py ``LinkCodecs``);
+before it believes and probes what it has not measured (gossip/link_codecs.py ``LinkCodecs``);
 the ``auto`` codec, which decodes each delta by the
 codec it names; and the copy per link, whose replica stays bit-identical to it while the link
 changes codec between any two deltas, with each pair mixing at one γ so the mean is kept.
@@ -18,10 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gossip.clock import ManualClock
-from gossip.codec_choice import DRIFT, LinkCodecs, phase_of
+from gossip.codec_choice import phase_of
 from gossip.codecs import AUTO_CODECS, AutoCodec, CodecError, get_codec
 from gossip.link import Link as LinkMachine
 from gossip.link import LinkConfig, SendDelta, SendSnapshot
+from gossip.link_codecs import DRIFT, LinkCodecs
 from gossip.link_meter import SAMPLES, LinkMeter
 from gossip.messages import Delta
 from gossip.mixing import MixConfig, Mixer
