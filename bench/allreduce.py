@@ -29,7 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["AllReduceConfig", "run_allreduce"]
+__all__ = ["AllReduceConfig", "reap", "run_allreduce"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,16 @@ def _open_logs(workdir: Path, world: int) -> list[IO[bytes]]:
     return [open(workdir / f"allreduce-{r}.log", "wb") for r in range(world)]
 
 
+async def reap(procs: list[asyncio.subprocess.Process], logs: list[IO[bytes]]) -> None:
+    """Kill whichever of ``procs`` still runs, wait for it, and close ``logs``."""
+    for p in procs:
+        if p.returncode is None:
+            p.kill()
+            await p.wait()
+    for f in logs:
+        f.close()
+
+
 async def run_allreduce(
     cfg: AllReduceConfig,
     workdir: Path,
@@ -131,12 +141,7 @@ async def run_allreduce(
         async with asyncio.timeout(timeout_s):
             codes = await asyncio.gather(*(p.wait() for p in procs))
     finally:
-        for p in procs:
-            if p.returncode is None:
-                p.kill()
-                await p.wait()
-        for f in logs:
-            f.close()
+        await reap(procs, logs)
     if any(codes):
         tails = "\n".join(
             f"--- rank {r} (exit {c}) ---\n"

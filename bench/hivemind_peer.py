@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from bench.allreduce import reap
+
 if TYPE_CHECKING:
     from bench.testnet import Testnet
 
@@ -180,12 +182,7 @@ async def run_hivemind(
         async with asyncio.timeout(120):
             codes = await asyncio.gather(*(p.wait() for p in procs))
     finally:
-        for p in procs:
-            if p.returncode is None:
-                p.kill()
-                await p.wait()
-        for f in logs:
-            f.close()
+        await reap(procs, logs)
     if not all(o.exists() for o in outs):
         raise RuntimeError(f"hivemind peers exited {codes} without results: see {workdir}")
     runs = [json.loads(o.read_text()) for o in outs]
